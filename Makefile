@@ -1,0 +1,16 @@
+# Set-up is part of every target: scripts/bootstrap.sh creates .venv and installs vlmspec (CPU torch if none).
+PY := .venv/bin/python
+
+.PHONY: setup demo test overhead
+
+setup:
+	@bash scripts/bootstrap.sh
+
+demo: setup
+	$(PY) scripts/example_tiny.py
+
+test: setup
+	$(PY) -m pytest
+
+overhead: setup
+	$(PY) scripts/overhead.py

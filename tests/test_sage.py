@@ -1,0 +1,128 @@
+"""The SAGE policy: confidence, adaptive depth and width, width decay, thresholds, node cap, history."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from vlmspec import SageConfig, SagePolicy
+from vlmspec.policies import AdaptiveTreePlan, RankTreePlan
+from vlmspec.policies.sage import confidence
+
+
+def test_confidence_is_one_for_a_one_hot_distribution():
+    log_probs = torch.full((50,), -1e9)
+    log_probs[3] = 0.0
+    assert confidence(log_probs, 10) == pytest.approx(1.0)
+
+
+def test_confidence_is_zero_for_a_uniform_distribution():
+    assert confidence(torch.full((50,), -math.log(50)), 10) == pytest.approx(0.0, abs=1e-6)
+
+
+@pytest.mark.parametrize(("alpha", "depth", "width"), [(0.0, 3, 10.0), (0.5, 6, 6.0), (1.0, 8, 2.0)])
+def test_depth_and_width_follow_confidence(alpha, depth, width):
+    policy = SagePolicy()
+    assert policy.depth_for(alpha) == depth
+    assert policy.width_for(alpha) == pytest.approx(width)
+
+
+def test_first_step_uses_the_static_tree_then_adapts():
+    policy = SagePolicy()
+    assert isinstance(policy.plan(), RankTreePlan)
+    assert policy.confidence == 0.5
+    one_hot = torch.full((50,), -1e9)
+    one_hot[0] = 0.0
+    policy.observe(one_hot, accepted=3)
+    plan = policy.plan()
+    assert isinstance(plan, AdaptiveTreePlan)
+    assert (plan.depth, plan.width) == (8, pytest.approx(2.0))
+
+
+def test_width_decays_with_depth_and_grows_with_parent_probability():
+    plan = AdaptiveTreePlan(depth=5, width=8.0, max_nodes=64, top_k=10, threshold_scale=0.1)
+    assert plan.level_width(1, torch.log(torch.tensor([0.3]))).item() == pytest.approx(8.0)
+    widths = plan.level_width(2, torch.log(torch.tensor([0.5, 0.1])))
+    assert widths.tolist() == pytest.approx([8 / 2 * 1.0, 8 / 2 * 0.6])
+    assert plan.level_width(4, torch.log(torch.tensor([0.5]))).item() == pytest.approx(8 / 4 * 1.0)
+
+
+def test_children_below_the_depth_threshold_are_not_expanded():
+    plan = AdaptiveTreePlan(depth=4, width=10.0, max_nodes=64, top_k=4, threshold_scale=0.1)
+    assert plan.threshold(2) == pytest.approx(0.05)
+    parent = torch.log(torch.tensor([0.5]))
+    children = torch.log(torch.tensor([[0.5, 0.2, 0.09, 0.05]]))
+    keep = plan.select(2, parent, children, budget=64)
+    assert keep.tolist() == [[True, True, False, False]]
+
+
+def test_rank_must_be_below_the_local_width():
+    plan = AdaptiveTreePlan(depth=3, width=2.0, max_nodes=64, top_k=4, threshold_scale=0.0001)
+    keep = plan.select(1, torch.zeros(1), torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.1]])), budget=64)
+    assert keep.tolist() == [[True, True, False, False]]
+
+
+def test_node_cap_keeps_the_most_probable_children():
+    plan = AdaptiveTreePlan(depth=3, width=10.0, max_nodes=64, top_k=4, threshold_scale=0.0001)
+    parents = torch.log(torch.tensor([0.6, 0.3]))
+    children = torch.log(torch.tensor([[0.5, 0.3, 0.1, 0.1], [0.9, 0.05, 0.03, 0.02]]))
+    keep = plan.select(2, parents, children, budget=3)
+    assert int(keep.sum()) == 3
+    assert keep.tolist() == [[True, True, False, False], [True, False, False, False]]
+
+
+def test_sage_trees_never_exceed_the_node_cap(target, cases):
+    from vlmspec import SpeculativeVLM
+
+    spec = SpeculativeVLM(target, target, policy=SageConfig(max_nodes=7))
+    spec.generate(**cases["text"], max_new_tokens=24)
+    assert all(step.nodes <= 7 for step in spec.last_stats.steps[1:])
+
+
+def test_history_lowers_the_maximum_depth_after_a_window_of_short_acceptances():
+    policy = SagePolicy(SageConfig(history_window=4))
+    for _ in range(3):
+        policy.record_acceptance(1)
+    assert policy.depth_max == 8
+    policy.record_acceptance(1)
+    assert policy.depth_max == 7
+    assert len(policy.history) == 0
+
+
+def test_history_raises_the_maximum_depth_after_a_window_of_long_acceptances():
+    policy = SagePolicy(SageConfig(history_window=3))
+    for _ in range(3):
+        policy.record_acceptance(5)
+    assert policy.depth_max == 9
+    assert policy.depth_for(1.0) == 9
+
+
+def test_history_between_the_thresholds_changes_nothing():
+    policy = SagePolicy(SageConfig(history_window=3))
+    for accepted in (2, 3, 2, 3, 2):
+        policy.record_acceptance(accepted)
+    assert policy.depth_max == 8
+
+
+def test_history_respects_its_bounds():
+    policy = SagePolicy(SageConfig(history_window=1, depth_max_ceiling=9))
+    for _ in range(5):
+        policy.record_acceptance(8)
+    assert policy.depth_max == 9
+    for _ in range(20):
+        policy.record_acceptance(0)
+    assert policy.depth_max == 3
+
+
+def test_reset_forgets_history_and_confidence():
+    policy = SagePolicy(SageConfig(history_window=1))
+    policy.observe(torch.zeros(20), accepted=9)
+    policy.reset()
+    assert (policy.alpha, policy.depth_max, len(policy.history)) == (0.5, 8, 0)
+
+
+def test_invalid_config_is_refused():
+    with pytest.raises(ValueError, match="depth_min"):
+        SageConfig(depth_min=9, depth_max=8)

@@ -1,0 +1,100 @@
+"""The tree as tensors: masks, positions, path retrieval, acceptance and cache bookkeeping."""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from vlmspec.engine.cache import keep_entries
+from vlmspec.engine.tree import TreeBuilder
+from vlmspec.engine.verify import accept_greedy
+from vlmspec.policies import SPECVLM_TREE, RankTreePlan
+
+
+def small_tree():
+    """root(10) -> a(11), b(12); a -> c(13); c -> d(14)."""
+    builder = TreeBuilder(8, torch.device("cpu"))
+    builder.start(torch.tensor(10))
+    builder.add_level(torch.tensor([0, 0]), torch.tensor([11, 12]), torch.tensor([-0.1, -2.0]))
+    builder.add_level(torch.tensor([1]), torch.tensor([13]), torch.tensor([-0.3]))
+    builder.add_level(torch.tensor([3]), torch.tensor([14]), torch.tensor([-0.4]))
+    return builder.build()
+
+
+def test_tree_records_parents_depths_and_ancestors():
+    tree = small_tree()
+    assert tree.tokens.tolist() == [10, 11, 12, 13, 14]
+    assert tree.parents.tolist() == [-1, 0, 0, 1, 3]
+    assert tree.depths.tolist() == [0, 1, 1, 2, 3]
+    assert tree.depth == 3
+    expected = torch.tensor(
+        [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0], [1, 1, 0, 1, 1]], dtype=torch.bool
+    )
+    assert torch.equal(tree.ancestors, expected)
+
+
+def test_path_retrieval_goes_root_to_node():
+    tree = small_tree()
+    assert tree.path_to(4).tolist() == [0, 1, 3, 4]
+    assert tree.path_to(2).tolist() == [0, 2]
+    assert sorted(tree.leaf_paths()) == [[0, 1, 3, 4], [0, 2]]
+
+
+def test_attention_bias_lets_each_node_see_prefix_and_ancestors_only():
+    tree = small_tree()
+    bias = tree.attention_bias(prefix_len=3, dtype=torch.float32)
+    assert bias.shape == (1, 1, 5, 8)
+    visible = bias[0, 0] == 0
+    assert visible[:, :3].all()
+    assert torch.equal(visible[:, 3:], tree.ancestors)
+    assert (bias[0, 0][~visible] == torch.finfo(torch.float32).min).all()
+
+
+def test_node_positions_are_root_position_plus_depth():
+    tree = small_tree()
+    root_position = 40
+    assert (tree.depths + root_position).tolist() == [40, 41, 41, 42, 43]
+
+
+def test_acceptance_follows_the_target_down_the_longest_agreeing_path():
+    tree = small_tree()
+    choice = torch.tensor([11, 13, 99, 14, 77])
+    path, bonus = accept_greedy(tree, choice)
+    assert path.tolist() == [0, 1, 3, 4]
+    assert int(bonus) == 77
+
+
+def test_acceptance_stops_at_the_first_disagreement():
+    tree = small_tree()
+    path, bonus = accept_greedy(tree, torch.tensor([12, 13, 55, 14, 77]))
+    assert path.tolist() == [0, 2]
+    assert int(bonus) == 55
+    path, bonus = accept_greedy(tree, torch.tensor([5, 13, 55, 14, 77]))
+    assert path.tolist() == [0]
+    assert int(bonus) == 5
+
+
+def test_static_plan_reproduces_the_specvlm_tree():
+    plan = RankTreePlan(SPECVLM_TREE)
+    assert (plan.depth, plan.max_nodes, plan.top_k) == (5, 25, 4)
+    level_sizes = [int(m.sum()) for m in plan._masks]
+    assert level_sizes == [4, 8, 8, 3, 2]
+    assert plan.select(1, torch.zeros(1), torch.zeros(1, 4), 25).tolist() == [[True, True, True, True]]
+
+
+def test_cache_keeps_only_the_accepted_entries_in_order():
+    cache = DynamicCache()
+    keys = torch.arange(10.0).view(1, 1, 10, 1)
+    cache.update(keys, keys + 100, 0)
+    length = keep_entries(cache, start=4, keep=torch.tensor([0, 2, 5]))
+    assert length == 7
+    assert cache.layers[0].keys.flatten().tolist() == [0, 1, 2, 3, 4, 6, 9]
+    assert cache.layers[0].values.flatten().tolist() == [100, 101, 102, 103, 104, 106, 109]
+
+
+def test_cache_keep_of_a_prefix_is_a_crop():
+    cache = DynamicCache()
+    keys = torch.arange(6.0).view(1, 1, 6, 1)
+    cache.update(keys, keys, 0)
+    assert keep_entries(cache, start=2, keep=torch.tensor([0, 1])) == 4
+    assert cache.get_seq_length() == 4

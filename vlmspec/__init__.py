@@ -1,0 +1,24 @@
+"""vlmspec: lossless speculative decoding for vision-language models, with entropy-adaptive draft trees (SAGE)."""
+
+from .engine.stats import SpecStats, StepRecord
+from .errors import BatchSizeError, UnsupportedModelError, VLMSpecError, VocabularyMismatchError
+from .policies import ChainPolicy, SageConfig, SagePolicy, StaticTreePolicy, TreePlan, TreePolicy
+from .speculative import SpeculativeVLM
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BatchSizeError",
+    "ChainPolicy",
+    "SageConfig",
+    "SagePolicy",
+    "SpecStats",
+    "SpeculativeVLM",
+    "StaticTreePolicy",
+    "StepRecord",
+    "TreePlan",
+    "TreePolicy",
+    "UnsupportedModelError",
+    "VLMSpecError",
+    "VocabularyMismatchError",
+]

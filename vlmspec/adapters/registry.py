@@ -1,0 +1,33 @@
+"""Maps model classes to their adapters, so the engine never names a model family."""
+
+from __future__ import annotations
+
+from transformers import PreTrainedModel
+
+from ..errors import UnsupportedModelError
+from .base import ModelAdapter
+from .qwen2_5_vl import Qwen2_5_VLAdapter
+
+_ADAPTERS: list[type[ModelAdapter]] = [Qwen2_5_VLAdapter]
+
+
+def register_adapter(adapter: type[ModelAdapter]) -> type[ModelAdapter]:
+    """Add an adapter class (usable as a decorator); later registrations win over earlier ones."""
+    _ADAPTERS.insert(0, adapter)
+    return adapter
+
+
+def supported_model_classes() -> list[str]:
+    return sorted({name for adapter in _ADAPTERS for name in adapter.model_classes})
+
+
+def adapter_for(model: PreTrainedModel) -> ModelAdapter:
+    """The adapter serving `model`'s class (or one of its bases); a clear error if there is none."""
+    names = {cls.__name__ for cls in type(model).__mro__}
+    for adapter in _ADAPTERS:
+        if names.intersection(adapter.model_classes):
+            return adapter(model)
+    raise UnsupportedModelError(
+        f"vlmspec has no adapter for {type(model).__name__}; supported model classes: "
+        + ", ".join(supported_model_classes())
+    )

@@ -1,0 +1,1 @@
+"""The model-agnostic decoding engine: tree, drafting, verification, cache bookkeeping and the loop."""

@@ -1,0 +1,82 @@
+"""Grow a draft tree with the draft model: one draft forward per tree level over its KV cache."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..policies import TreePlan
+from .runner import ModelRunner
+from .tree import DraftTree, TreeBuilder
+
+
+@dataclass
+class Drafted:
+    """A grown tree, the draft's log-probabilities at the root, and how many tree nodes the draft cache holds.
+
+    `greedy_depth` is how far the draft's own top-1 path reaches in the tree: with the target as its own draft,
+    exactly that many tokens are accepted.
+    """
+
+    tree: DraftTree
+    root_log_probs: torch.Tensor
+    cached_nodes: int
+    greedy_depth: int
+
+
+class Drafter:
+    """Feeds the pending tokens, then each tree level, to the draft; the plan picks children from its top-k."""
+
+    def __init__(self, runner: ModelRunner, vocab_limit: int):
+        self.runner = runner
+        self.vocab_limit = vocab_limit
+        self.builder = TreeBuilder(0, runner.device)
+
+    def _log_probs(self, logits: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(logits[..., : self.vocab_limit].float(), dim=-1)
+
+    def grow(self, pending: torch.Tensor, plan: TreePlan) -> Drafted:
+        """`pending` are the emitted tokens the draft has not seen; the last one is the root of the tree."""
+        if plan.max_nodes + 1 > self.builder.capacity:
+            self.builder = TreeBuilder(plan.max_nodes, self.runner.device)
+        runner, builder = self.runner, self.builder
+        root_index = runner.length + pending.shape[0] - 1
+        depths = torch.arange(-pending.shape[0] + 1, 1, device=runner.device)
+        logits = runner.forward(pending, depths, runner.causal_bias(pending.shape[0]), root_index)
+        root_log_probs = self._log_probs(logits[-1])
+        builder.start(pending[-1])
+        frontier = slice(0, 1)
+        child_log_probs = root_log_probs[None]
+        cached_nodes = 0
+        greedy_node, greedy_depth = 0, 0
+        for level in range(1, plan.depth + 1):
+            budget = plan.max_nodes - (builder.size - 1)
+            if budget <= 0:
+                break
+            top = child_log_probs.topk(plan.top_k, dim=-1)
+            parent_log_probs = builder.log_probs[frontier]
+            keep = plan.select(level, parent_log_probs, top.values, budget)
+            rows, ranks = keep.nonzero(as_tuple=True)
+            if rows.shape[0] == 0:
+                break
+            parents = rows + frontier.start
+            new = builder.add_level(parents, top.indices[rows, ranks], parent_log_probs[rows] + top.values[rows, ranks])
+            on_greedy_path = ((parents == greedy_node) & (ranks == 0)).nonzero()
+            if greedy_depth == level - 1 and on_greedy_path.shape[0]:
+                greedy_node, greedy_depth = new.start + int(on_greedy_path[0, 0]), level
+            if level == plan.depth or builder.size - 1 >= plan.max_nodes:
+                break
+            frontier = new
+            tree_part = builder.ancestors[new, 1 : new.stop]
+            prefix = runner.length - cached_nodes
+            bias = torch.full(
+                (new.stop - new.start, prefix + new.stop - 1), torch.finfo(runner.dtype).min,
+                dtype=runner.dtype, device=runner.device,
+            )
+            bias[:, :prefix] = 0
+            bias[:, prefix:].masked_fill_(tree_part, 0)
+            logits = runner.forward(builder.tokens[new], builder.depths[new], bias[None, None], root_index)
+            child_log_probs = self._log_probs(logits)
+            cached_nodes = new.stop - 1
+        return Drafted(builder.build(), root_log_probs, cached_nodes, greedy_depth)

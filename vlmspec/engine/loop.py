@@ -1,0 +1,142 @@
+"""The decoding loop: prefill both models, then draft -> verify -> accept -> update until EOS or the token budget."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..policies import TreePolicy
+from .choice import GreedyChoice
+from .draft import Drafter
+from .runner import ModelRunner
+from .stats import PhaseTimer, SpecStats, StepRecord
+from .verify import accept_greedy, verify_tree
+
+
+@dataclass
+class DecodeSettings:
+    """What stops and shapes greedy decoding: the token budget, EOS ids and the target's logits processing."""
+
+    max_new_tokens: int
+    eos_token_ids: torch.Tensor
+    choice: GreedyChoice
+
+
+class TokenSink:
+    """Collects emitted tokens after the prompt, cuts at EOS and at the budget, and feeds a streamer."""
+
+    def __init__(self, prompt: torch.Tensor, settings: DecodeSettings, streamer: Any):
+        self.settings = settings
+        self.streamer = streamer
+        self.buffer = torch.empty(1, prompt.shape[1] + settings.max_new_tokens, dtype=torch.long, device=prompt.device)
+        self.buffer[:, : prompt.shape[1]] = prompt
+        self.length = prompt.shape[1]
+        self.prompt_length = prompt.shape[1]
+        self.finished = settings.max_new_tokens <= 0
+        if streamer is not None:
+            streamer.put(prompt.cpu())
+
+    @property
+    def sequence(self) -> torch.Tensor:
+        return self.buffer[:, : self.length]
+
+    @property
+    def new_tokens(self) -> int:
+        return self.length - self.prompt_length
+
+    def emit(self, tokens: torch.Tensor) -> None:
+        """Append `tokens` (k,), stopping after the first EOS or when `max_new_tokens` is reached."""
+        room = self.settings.max_new_tokens - self.new_tokens
+        is_eos = torch.isin(tokens, self.settings.eos_token_ids)
+        if bool(is_eos.any()):
+            tokens = tokens[: int(is_eos.int().argmax()) + 1]
+            self.finished = True
+        if tokens.shape[0] >= room:
+            tokens = tokens[:room]
+            self.finished = True
+        self.buffer[0, self.length : self.length + tokens.shape[0]] = tokens
+        self.length += tokens.shape[0]
+        if self.streamer is not None and tokens.shape[0]:
+            self.streamer.put(tokens.cpu())
+
+    def close(self) -> None:
+        if self.streamer is not None:
+            self.streamer.end()
+
+
+class SpeculativeDecoder:
+    """Lossless tree speculative decoding of one sequence with a target, a draft and a tree policy."""
+
+    def __init__(self, target: ModelRunner, draft: ModelRunner, policy: TreePolicy, vocab_limit: int):
+        self.target = target
+        self.draft = draft
+        self.policy = policy
+        self.drafter = Drafter(draft, vocab_limit)
+
+    def run(
+        self, target_inputs: dict[str, Any], draft_inputs: dict[str, Any], settings: DecodeSettings, streamer: Any = None
+    ) -> tuple[torch.Tensor, SpecStats]:
+        """Generate greedily; returns the prompt followed by the new tokens (1, L + n) and the call's statistics."""
+        started = time.perf_counter()
+        stats = SpecStats()
+        timer = PhaseTimer(stats, self.target.device)
+        sink = TokenSink(target_inputs["input_ids"], settings, streamer)
+        try:
+            if not sink.finished:
+                self._decode(target_inputs, draft_inputs, settings, sink, stats, timer)
+        finally:
+            sink.close()
+        stats.new_tokens = sink.new_tokens
+        stats.finish(time.perf_counter() - started)
+        return sink.sequence, stats
+
+    def _decode(self, target_inputs, draft_inputs, settings, sink, stats, timer) -> None:
+        target, draft, policy = self.target, self.draft, self.policy
+        with timer("target_prefill"):
+            logits = target.prefill(target_inputs)
+            first = settings.choice.first(logits, sink.sequence)
+        stats.target_prefill_tokens = target.length
+        sink.emit(first[None])
+        if sink.finished:
+            return
+        with timer("draft_prefill"):
+            draft.prefill(draft_inputs)
+        stats.draft_prefill_tokens = draft.length
+        policy.reset()
+        pending = first[None]
+        while not sink.finished:
+            plan = policy.plan()
+            draft_start = draft.length
+            with timer("drafting"):
+                drafted = self.drafter.grow(pending, plan)
+            tree = drafted.tree
+            target_start = target.length
+            with timer("verification"):
+                target_choice = verify_tree(target, tree, settings.choice, sink.sequence)
+            with timer("tree_update"):
+                path, bonus = accept_greedy(tree, target_choice)
+                accepted_nodes = path[1:]
+                target.keep(target_start, path)
+                in_draft = accepted_nodes <= drafted.cached_nodes
+                root_offset = pending.shape[0] - 1
+                draft.keep(
+                    draft_start,
+                    torch.cat([torch.arange(pending.shape[0], device=path.device), accepted_nodes[in_draft] + root_offset]),
+                )
+                pending = torch.cat([tree.tokens[accepted_nodes[~in_draft]], bonus[None]])
+                stats.steps.append(
+                    StepRecord(
+                        alpha=policy.confidence,
+                        depth=plan.depth,
+                        width=plan.width,
+                        nodes=tree.size - 1,
+                        accepted=accepted_nodes.shape[0],
+                        tree_depth=tree.depth,
+                        greedy_depth=drafted.greedy_depth,
+                    )
+                )
+                policy.observe(drafted.root_log_probs, accepted_nodes.shape[0])
+                sink.emit(torch.cat([tree.tokens[accepted_nodes], bonus[None]]))

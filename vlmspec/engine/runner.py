@@ -1,0 +1,64 @@
+"""One model with its KV cache: how long the cache is and where the next token sits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..adapters import ModelAdapter
+from .cache import check_cache, keep_entries
+
+
+class ModelRunner:
+    """Feeds tokens to a model through its adapter and keeps cache length and positions consistent.
+
+    Tokens after the prompt are positioned one after another: the token at cache index i sits at position
+    `i + offset`, where the offset comes from the prompt (M-RoPE prompts end beyond their length, pruned ones short).
+    """
+
+    def __init__(self, adapter: ModelAdapter):
+        self.adapter = adapter
+        self.cache = None
+        self.length = 0
+        self.offset = 0
+
+    @property
+    def device(self) -> torch.device:
+        return self.adapter.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.adapter.dtype
+
+    def prefill(self, inputs: dict[str, Any]) -> torch.Tensor:
+        """Run the prompt; returns the last prompt token's logits."""
+        self.cache = self.adapter.new_cache()
+        result = self.adapter.prefill(inputs, self.cache)
+        check_cache(self.cache)
+        self.length = result.length
+        self.offset = result.next_position - result.length
+        return result.last_logits
+
+    def position(self, index: int) -> int:
+        """Position of the token at cache index `index` (an index at or after the prompt's end)."""
+        return index + self.offset
+
+    def forward(self, tokens: torch.Tensor, depths: torch.Tensor, bias: torch.Tensor, base_index: int) -> torch.Tensor:
+        """Append `tokens` at positions `position(base_index) + depths` through the additive mask `bias`."""
+        positions = depths + self.position(base_index)
+        logits = self.adapter.decode(tokens, positions, bias, self.cache)
+        self.length += tokens.shape[0]
+        return logits
+
+    def keep(self, start: int, keep: torch.Tensor) -> None:
+        """Keep, of the entries from cache index `start` on, those at offsets `keep`."""
+        self.length = keep_entries(self.cache, start, keep)
+
+    def causal_bias(self, q: int) -> torch.Tensor:
+        """Additive mask for `q` new tokens appended causally after the current cache."""
+        kv = self.length + q
+        bias = torch.full((q, kv), torch.finfo(self.dtype).min, dtype=self.dtype, device=self.device)
+        bias[:, : self.length] = 0
+        bias[:, self.length :].triu_(1)
+        return bias[None, None]

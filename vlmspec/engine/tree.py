@@ -1,0 +1,101 @@
+"""A draft tree held as tensors: tokens, parents, depths, cumulative log-probabilities and ancestor mask.
+
+Node 0 is the root: the last emitted token, already chosen but not yet in the target's cache. Nodes are stored
+level by level, so a node's index is larger than its parent's and every root-to-node path is in ascending order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class DraftTree:
+    """An immutable view of a grown tree; `ancestors[i, j]` is True when j is i or one of i's ancestors."""
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    depths: torch.Tensor
+    log_probs: torch.Tensor
+    ancestors: torch.Tensor
+
+    @property
+    def size(self) -> int:
+        """Number of nodes including the root."""
+        return self.tokens.shape[0]
+
+    @property
+    def depth(self) -> int:
+        """Depth of the deepest node (0 for a root-only tree)."""
+        return int(self.depths[-1])
+
+    def path_to(self, node: int) -> torch.Tensor:
+        """Node indices from the root to `node`, both included, in root-to-leaf order."""
+        return self.ancestors[node].nonzero().squeeze(1)
+
+    def attention_bias(self, prefix_len: int, dtype: torch.dtype) -> torch.Tensor:
+        """Additive mask `(1, 1, n, prefix_len + n)`: each node sees the whole prefix, its ancestors and itself."""
+        n = self.size
+        bias = torch.full((n, prefix_len + n), torch.finfo(dtype).min, dtype=dtype, device=self.tokens.device)
+        bias[:, :prefix_len] = 0
+        bias[:, prefix_len:].masked_fill_(self.ancestors, 0)
+        return bias[None, None]
+
+    def leaf_paths(self) -> list[list[int]]:
+        """Every root-to-leaf path as lists of node indices (for inspection and tests, not the hot path)."""
+        has_child = torch.zeros(self.size, dtype=torch.bool, device=self.tokens.device)
+        has_child[self.parents[1:]] = True
+        return [self.path_to(int(i)).tolist() for i in (~has_child).nonzero().squeeze(1)]
+
+
+class TreeBuilder:
+    """Grows a tree level by level into preallocated buffers, so adding a level is a few tensor writes."""
+
+    def __init__(self, capacity: int, device: torch.device):
+        self.capacity = capacity + 1
+        self.tokens = torch.zeros(self.capacity, dtype=torch.long, device=device)
+        self.parents = torch.full((self.capacity,), -1, dtype=torch.long, device=device)
+        self.depths = torch.zeros(self.capacity, dtype=torch.long, device=device)
+        self.log_probs = torch.zeros(self.capacity, device=device)
+        self.ancestors = torch.zeros(self.capacity, self.capacity, dtype=torch.bool, device=device)
+        self._arange = torch.arange(self.capacity, device=device)
+        self.size = 0
+
+    def start(self, root_token: torch.Tensor) -> None:
+        """Reset to a single root node holding `root_token`."""
+        self.ancestors.zero_()
+        self.tokens[0] = root_token
+        self.parents[0] = -1
+        self.depths[0] = 0
+        self.log_probs[0] = 0.0
+        self.ancestors[0, 0] = True
+        self.size = 1
+
+    def add_level(self, parents: torch.Tensor, tokens: torch.Tensor, log_probs: torch.Tensor) -> slice:
+        """Append one node per entry (children of `parents`); returns the slice of the new nodes."""
+        m = parents.shape[0]
+        if self.size + m > self.capacity:
+            raise ValueError(f"tree capacity {self.capacity - 1} exceeded")
+        new = slice(self.size, self.size + m)
+        self.tokens[new] = tokens
+        self.parents[new] = parents
+        self.depths[new] = self.depths[parents] + 1
+        self.log_probs[new] = log_probs
+        self.ancestors[new] = self.ancestors[parents]
+        idx = self._arange[new]
+        self.ancestors[idx, idx] = True
+        self.size += m
+        return new
+
+    def build(self) -> DraftTree:
+        """A view of the current tree (valid until the next `start`)."""
+        n = self.size
+        return DraftTree(
+            tokens=self.tokens[:n],
+            parents=self.parents[:n],
+            depths=self.depths[:n],
+            log_probs=self.log_probs[:n],
+            ancestors=self.ancestors[:n, :n],
+        )

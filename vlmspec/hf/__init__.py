@@ -1,0 +1,1 @@
+"""Details of behaving like `transformers`' own `generate`."""

@@ -1,0 +1,61 @@
+"""Generation arguments resolved the way `transformers`' `generate` resolves them, for greedy decoding."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel
+
+from ..engine.choice import GreedyChoice
+from ..engine.loop import DecodeSettings
+
+
+def resolve_generation(
+    target: PreTrainedModel,
+    generation_config: GenerationConfig | None,
+    kwargs: dict[str, Any],
+    input_ids: torch.Tensor,
+    model_kwargs: dict[str, Any],
+) -> DecodeSettings:
+    """Merge `generation_config`, the target's own config and `kwargs`; refuse what greedy decoding cannot honour."""
+    has_default_max_length = (
+        kwargs.get("max_length") is None
+        and (generation_config is None or generation_config.max_length is None)
+        and target.generation_config.max_length is None
+    )
+    config, unused = target._prepare_generation_config(generation_config, **kwargs)
+    if unused:
+        raise TypeError(f"generate() got arguments it does not use: {', '.join(sorted(unused))}")
+    if config.do_sample:
+        raise NotImplementedError(
+            "vlmspec decodes greedily: do_sample=True needs speculative rejection sampling, which is not built yet; "
+            "pass do_sample=False"
+        )
+    if (config.num_beams or 1) > 1:
+        raise NotImplementedError("beam search is not supported by speculative decoding; pass num_beams=1")
+    prompt_length = input_ids.shape[1]
+    if config.max_new_tokens is not None:
+        max_new_tokens = config.max_new_tokens
+    elif has_default_max_length:
+        limit = getattr(target.config.get_text_config(), "max_position_embeddings", None)
+        max_new_tokens = config.max_length if limit is None else min(config.max_length, limit - prompt_length)
+    else:
+        max_new_tokens = config.max_length - prompt_length
+    if config.min_new_tokens is not None:
+        config.min_length = config.min_new_tokens + prompt_length
+    target._prepare_special_tokens(config, kwargs_has_attention_mask=True, device=input_ids.device, batch_size=1)
+    processors = target._get_logits_processor(
+        generation_config=config,
+        input_ids_seq_length=prompt_length,
+        encoder_input_ids=input_ids,
+        logits_processor=LogitsProcessorList(),
+        device=input_ids.device,
+        model_kwargs=model_kwargs,
+    )
+    eos = config._eos_token_tensor
+    return DecodeSettings(
+        max_new_tokens=max(0, max_new_tokens),
+        eos_token_ids=torch.empty(0, dtype=torch.long) if eos is None else eos.flatten(),
+        choice=GreedyChoice(processors),
+    )

@@ -1,0 +1,100 @@
+"""The policy interface: a policy plans the shape of the next draft tree and learns from each step.
+
+A `TreePlan` answers one question per tree level: which of the top-k children of each frontier node to add.
+The draft engine asks it level by level, so a plan can depend on the draft's probabilities (SAGE thresholds)
+or be a fixed set of rank paths (chain, static tree). A new policy is one file implementing `TreePolicy`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+import torch
+
+
+class TreePlan(ABC):
+    """How to grow one tree: its maximum depth, node budget, candidates per node and a selection rule."""
+
+    depth: int
+    max_nodes: int
+    top_k: int
+
+    @abstractmethod
+    def select(
+        self, level: int, parent_log_probs: torch.Tensor, child_log_probs: torch.Tensor, budget: int
+    ) -> torch.Tensor:
+        """Boolean mask `(m, k)` of the children to add at `level` (1-based).
+
+        `parent_log_probs` (m,) are the frontier's cumulative path log-probabilities, `child_log_probs` (m, k) the
+        draft's top-k log-probabilities under each frontier node, sorted; `budget` is how many nodes may still be added.
+        """
+
+    @property
+    def width(self) -> float:
+        """Width of the first level (for stats)."""
+        return float(self.top_k)
+
+
+class RankTreePlan(TreePlan):
+    """A fixed tree given as paths of child ranks below the root, e.g. `[[0], [1], [0, 0]]`."""
+
+    def __init__(self, paths: Sequence[Sequence[int]]):
+        paths = [tuple(p) for p in paths]
+        if not paths:
+            raise ValueError("a tree needs at least one path")
+        known = set(paths)
+        for p in paths:
+            if not p or min(p) < 0:
+                raise ValueError(f"invalid rank path {list(p)}")
+            if len(p) > 1 and p[:-1] not in known:
+                raise ValueError(f"rank path {list(p)} has no parent path {list(p[:-1])} in the tree")
+        self.paths = sorted(known, key=lambda p: (len(p), p))
+        self.depth = max(len(p) for p in self.paths)
+        self.max_nodes = len(self.paths)
+        self.top_k = max(max(p) for p in self.paths) + 1
+        self._masks: list[torch.Tensor] = []
+        frontier: list[tuple[int, ...]] = [()]
+        for level in range(1, self.depth + 1):
+            mask = torch.zeros(len(frontier), self.top_k, dtype=torch.bool)
+            children = []
+            for row, parent in enumerate(frontier):
+                for rank in range(self.top_k):
+                    if parent + (rank,) in known:
+                        mask[row, rank] = True
+                        children.append(parent + (rank,))
+            self._masks.append(mask)
+            frontier = children
+        self._device_masks: dict[torch.device, list[torch.Tensor]] = {}
+
+    @property
+    def width(self) -> float:
+        return float(self._masks[0].sum())
+
+    def select(
+        self, level: int, parent_log_probs: torch.Tensor, child_log_probs: torch.Tensor, budget: int
+    ) -> torch.Tensor:
+        device = child_log_probs.device
+        if device not in self._device_masks:
+            self._device_masks[device] = [m.to(device) for m in self._masks]
+        return self._device_masks[device][level - 1]
+
+
+class TreePolicy(ABC):
+    """Plans each step's tree and observes the outcome; `confidence` is the alpha it planned with, if any."""
+
+    name: str = "policy"
+
+    def reset(self) -> None:
+        """Forget everything learned during a previous `generate` call."""
+
+    @abstractmethod
+    def plan(self) -> TreePlan:
+        """The tree for the next step."""
+
+    def observe(self, root_log_probs: torch.Tensor, accepted: int) -> None:
+        """Learn from a finished step: the draft's log-probabilities at the root and the accepted length."""
+
+    @property
+    def confidence(self) -> float | None:
+        return None

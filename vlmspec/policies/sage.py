@@ -1,0 +1,163 @@
+"""SAGE: entropy-guided adaptive draft trees with acceptance-history feedback on the maximum depth.
+
+From the draft's distribution at the root of step t, alpha = 1 - H(top-k renormalised) / log k sets the tree of
+step t + 1: depth D = D_min + alpha (D_max - D_min), width W = W_min + (1 - alpha)(W_max - W_min). Below the
+first level a node keeps children of rank < W_l = W / l * (0.5 + P_parent) whose cumulative probability exceeds
+theta_l = c * l / D, until depth D or the node cap. A window of recent acceptance lengths moves D_max.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from .base import RankTreePlan, TreePlan, TreePolicy
+from .static import SPECVLM_TREE
+
+
+@dataclass
+class SageConfig:
+    """Every number of the SAGE policy; defaults are the paper's (section 5.1).
+
+    `depth_max_floor`/`depth_max_ceiling` bound how far the history may move D_max. After the history moves D_max
+    the window starts afresh, so each further move needs a full window of new evidence.
+    """
+
+    top_k: int = 10
+    depth_min: int = 3
+    depth_max: int = 8
+    width_min: float = 2.0
+    width_max: float = 10.0
+    max_nodes: int = 64
+    threshold_scale: float = 0.1
+    initial_alpha: float = 0.5
+    history_window: int = 10
+    history_low: float = 2.0
+    history_high: float = 3.0
+    depth_max_floor: int = 3
+    depth_max_ceiling: int = 12
+    initial_tree: Sequence[Sequence[int]] = field(default_factory=lambda: SPECVLM_TREE)
+
+    def __post_init__(self):
+        if not 1 <= self.depth_min <= self.depth_max:
+            raise ValueError(f"need 1 <= depth_min <= depth_max, got {self.depth_min}, {self.depth_max}")
+        if not 1 <= self.width_min <= self.width_max <= self.top_k:
+            raise ValueError(
+                f"need 1 <= width_min <= width_max <= top_k, got {self.width_min}, {self.width_max}, {self.top_k}"
+            )
+        if not self.depth_min <= self.depth_max_floor <= self.depth_max <= self.depth_max_ceiling:
+            raise ValueError("need depth_min <= depth_max_floor <= depth_max <= depth_max_ceiling")
+        if self.max_nodes < 1 or self.history_window < 1:
+            raise ValueError("max_nodes and history_window must be positive")
+
+
+def confidence(root_log_probs: torch.Tensor, top_k: int) -> float:
+    """alpha = 1 - H / log k over the renormalised top-k probabilities: 1 for one-hot, 0 for uniform."""
+    top = root_log_probs.topk(top_k).values.float()
+    p = torch.softmax(top, dim=-1)
+    entropy = -(p * p.clamp_min(1e-30).log()).sum()
+    return float((1.0 - entropy / math.log(top_k)).clamp(0.0, 1.0))
+
+
+class AdaptiveTreePlan(TreePlan):
+    """A tree of depth `depth` and first-level width `width`, pruned by width decay and path-probability thresholds."""
+
+    def __init__(self, depth: int, width: float, max_nodes: int, top_k: int, threshold_scale: float):
+        self.depth = depth
+        self._width = width
+        self.max_nodes = max_nodes
+        self.top_k = top_k
+        self.threshold_scale = threshold_scale
+
+    @property
+    def width(self) -> float:
+        return self._width
+
+    def level_width(self, level: int, parent_log_probs: torch.Tensor) -> torch.Tensor:
+        """W_1 = W; W_l = W / l * (0.5 + P_parent) below, with P_parent the parent's cumulative path probability."""
+        if level == 1:
+            return torch.full_like(parent_log_probs, self._width)
+        return self._width / level * (0.5 + parent_log_probs.exp())
+
+    def threshold(self, level: int) -> float:
+        """theta_l = c * l / D: deeper nodes need a more probable path."""
+        return self.threshold_scale * level / self.depth
+
+    def select(
+        self, level: int, parent_log_probs: torch.Tensor, child_log_probs: torch.Tensor, budget: int
+    ) -> torch.Tensor:
+        k = child_log_probs.shape[1]
+        ranks = torch.arange(k, device=child_log_probs.device)
+        cumulative = parent_log_probs[:, None] + child_log_probs
+        keep = ranks[None, :] < self.level_width(level, parent_log_probs)[:, None]
+        keep &= cumulative > math.log(self.threshold(level))
+        if int(keep.sum()) > budget:
+            scores = cumulative.masked_fill(~keep, float("-inf")).flatten()
+            keep = torch.zeros_like(keep).flatten()
+            keep[scores.topk(budget).indices] = True
+            keep = keep.view(-1, k)
+        return keep
+
+
+class SagePolicy(TreePolicy):
+    """Entropy-adaptive trees: deep and narrow when the draft is confident, shallow and wide when not."""
+
+    name = "sage"
+
+    def __init__(self, config: SageConfig | None = None):
+        self.config = config or SageConfig()
+        self._initial = RankTreePlan(self.config.initial_tree)
+        self.reset()
+
+    def reset(self) -> None:
+        self.alpha = self.config.initial_alpha
+        self.depth_max = self.config.depth_max
+        self.history: deque[int] = deque(maxlen=self.config.history_window)
+        self._steps = 0
+        self._planned_alpha: float | None = None
+
+    @property
+    def confidence(self) -> float | None:
+        return self._planned_alpha
+
+    def depth_for(self, alpha: float) -> int:
+        """D(alpha) = D_min + alpha (D_max - D_min), rounded, with the history-adjusted D_max."""
+        c = self.config
+        return round(c.depth_min + alpha * (self.depth_max - c.depth_min))
+
+    def width_for(self, alpha: float) -> float:
+        """W(alpha) = W_min + (1 - alpha)(W_max - W_min)."""
+        c = self.config
+        return c.width_min + (1.0 - alpha) * (c.width_max - c.width_min)
+
+    def plan(self) -> TreePlan:
+        self._planned_alpha = self.alpha
+        if self._steps == 0:
+            return self._initial
+        c = self.config
+        return AdaptiveTreePlan(
+            self.depth_for(self.alpha), self.width_for(self.alpha), c.max_nodes, c.top_k, c.threshold_scale
+        )
+
+    def observe(self, root_log_probs: torch.Tensor, accepted: int) -> None:
+        self._steps += 1
+        self.alpha = confidence(root_log_probs, self.config.top_k)
+        self.record_acceptance(accepted)
+
+    def record_acceptance(self, accepted: int) -> None:
+        """Add one acceptance length; a full window with mean outside [low, high] moves D_max by one."""
+        c = self.config
+        self.history.append(accepted)
+        if len(self.history) < c.history_window:
+            return
+        mean = sum(self.history) / len(self.history)
+        if mean < c.history_low and self.depth_max > c.depth_max_floor:
+            self.depth_max -= 1
+            self.history.clear()
+        elif mean > c.history_high and self.depth_max < c.depth_max_ceiling:
+            self.depth_max += 1
+            self.history.clear()

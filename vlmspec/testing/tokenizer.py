@@ -1,0 +1,59 @@
+"""A small byte-level BPE tokenizer built offline with `tokenizers`, with the Qwen-VL special tokens."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+QWEN_SPECIAL_TOKENS = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+)
+
+QWEN_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' %}<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+_CORPUS = (
+    "Describe the image in detail. Describe the video in detail. What is shown here?",
+    "A red circle moves to the left while a blue square stays in the middle of the frame.",
+    "There are three green triangles and one yellow star on a white background.",
+    "The small purple ball bounces up and down, then rolls to the right corner.",
+    "In the first frame the orange box is large; later it becomes smaller and turns grey.",
+    "user assistant system: you are a helpful assistant that answers questions about pictures.",
+)
+
+
+@lru_cache(maxsize=4)
+def build_tokenizer(vocab_size: int = 320) -> PreTrainedTokenizerFast:
+    """A deterministic tokenizer trained on a built-in corpus; every string is encodable (byte-level)."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(QWEN_SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator([line for line in _CORPUS for _ in range(8)], trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        chat_template=QWEN_CHAT_TEMPLATE,
+    )
