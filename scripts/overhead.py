@@ -1,7 +1,7 @@
 """Share of wall time spent outside model forwards (tree building, acceptance, cache bookkeeping).
 
 Runs the tiny fixture pair with the target as its own draft and times every top-level model forward with hooks.
-Usage: .venv/bin/python scripts/overhead.py [--max-new-tokens N] [--repeats R]
+Usage: .venv/bin/python scripts/overhead.py [--max-new-tokens N] [--repeats R] [--hidden-size H --layers L]
 """
 
 from __future__ import annotations
@@ -18,10 +18,12 @@ from vlmspec.testing import qwen_inputs, sample_image, tiny_processor, tiny_qwen
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--hidden-size", type=int, default=64, help="fixture default: 64")
+    parser.add_argument("--layers", type=int, default=2, help="fixture default: 2")
     args = parser.parse_args()
     torch.set_num_threads(2)
-    target = tiny_qwen2_5_vl(seed=0)
+    target = tiny_qwen2_5_vl(seed=0, hidden_size=args.hidden_size, num_layers=args.layers)
     inputs = qwen_inputs(tiny_processor(), "Describe the image in detail.", images=[sample_image(0)])
     in_forward = [0.0]
     started: list[float] = []

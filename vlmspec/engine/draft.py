@@ -38,8 +38,8 @@ class Drafter:
 
     def grow(self, pending: torch.Tensor, plan: TreePlan) -> Drafted:
         """`pending` are the emitted tokens the draft has not seen; the last one is the root of the tree."""
-        if plan.max_nodes + 1 > self.builder.capacity:
-            self.builder = TreeBuilder(plan.max_nodes, self.runner.device)
+        if plan.max_nodes + 1 > self.builder.capacity or self.builder.tokens.device != self.runner.device:
+            self.builder = TreeBuilder(max(plan.max_nodes, self.builder.capacity - 1), self.runner.device)
         runner, builder = self.runner, self.builder
         root_index = runner.length + pending.shape[0] - 1
         depths = torch.arange(-pending.shape[0] + 1, 1, device=runner.device)
@@ -49,7 +49,6 @@ class Drafter:
         frontier = slice(0, 1)
         child_log_probs = root_log_probs[None]
         cached_nodes = 0
-        greedy_node, greedy_depth = 0, 0
         for level in range(1, plan.depth + 1):
             budget = plan.max_nodes - (builder.size - 1)
             if budget <= 0:
@@ -60,11 +59,9 @@ class Drafter:
             rows, ranks = keep.nonzero(as_tuple=True)
             if rows.shape[0] == 0:
                 break
-            parents = rows + frontier.start
-            new = builder.add_level(parents, top.indices[rows, ranks], parent_log_probs[rows] + top.values[rows, ranks])
-            on_greedy_path = ((parents == greedy_node) & (ranks == 0)).nonzero()
-            if greedy_depth == level - 1 and on_greedy_path.shape[0]:
-                greedy_node, greedy_depth = new.start + int(on_greedy_path[0, 0]), level
+            new = builder.add_level(
+                rows + frontier.start, top.indices[rows, ranks], parent_log_probs[rows] + top.values[rows, ranks], ranks
+            )
             if level == plan.depth or builder.size - 1 >= plan.max_nodes:
                 break
             frontier = new
@@ -79,4 +76,4 @@ class Drafter:
             logits = runner.forward(builder.tokens[new], builder.depths[new], bias[None, None], root_index)
             child_log_probs = self._log_probs(logits)
             cached_nodes = new.stop - 1
-        return Drafted(builder.build(), root_log_probs, cached_nodes, greedy_depth)
+        return Drafted(builder.build(), root_log_probs, cached_nodes, builder.greedy_depth())

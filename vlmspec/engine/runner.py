@@ -22,17 +22,16 @@ class ModelRunner:
         self.cache = None
         self.length = 0
         self.offset = 0
+        self.refresh()
 
-    @property
-    def device(self) -> torch.device:
-        return self.adapter.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.adapter.dtype
+    def refresh(self) -> None:
+        """Read the model's device and dtype (once per call: looking them up costs more than a tree operation)."""
+        self.device = self.adapter.device
+        self.dtype = self.adapter.dtype
 
     def prefill(self, inputs: dict[str, Any]) -> torch.Tensor:
         """Run the prompt; returns the last prompt token's logits."""
+        self.refresh()
         self.cache = self.adapter.new_cache()
         result = self.adapter.prefill(inputs, self.cache)
         check_cache(self.cache)

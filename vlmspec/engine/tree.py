@@ -59,6 +59,7 @@ class TreeBuilder:
         self.parents = torch.full((self.capacity,), -1, dtype=torch.long, device=device)
         self.depths = torch.zeros(self.capacity, dtype=torch.long, device=device)
         self.log_probs = torch.zeros(self.capacity, device=device)
+        self.ranks = torch.zeros(self.capacity, dtype=torch.long, device=device)
         self.ancestors = torch.zeros(self.capacity, self.capacity, dtype=torch.bool, device=device)
         self._arange = torch.arange(self.capacity, device=device)
         self.size = 0
@@ -73,8 +74,10 @@ class TreeBuilder:
         self.ancestors[0, 0] = True
         self.size = 1
 
-    def add_level(self, parents: torch.Tensor, tokens: torch.Tensor, log_probs: torch.Tensor) -> slice:
-        """Append one node per entry (children of `parents`); returns the slice of the new nodes."""
+    def add_level(
+        self, parents: torch.Tensor, tokens: torch.Tensor, log_probs: torch.Tensor, ranks: torch.Tensor | None = None
+    ) -> slice:
+        """Append one node per entry (children of `parents`, of draft rank `ranks`); returns the new nodes' slice."""
         m = parents.shape[0]
         if self.size + m > self.capacity:
             raise ValueError(f"tree capacity {self.capacity - 1} exceeded")
@@ -83,11 +86,19 @@ class TreeBuilder:
         self.parents[new] = parents
         self.depths[new] = self.depths[parents] + 1
         self.log_probs[new] = log_probs
+        self.ranks[new] = 0 if ranks is None else ranks
         self.ancestors[new] = self.ancestors[parents]
         idx = self._arange[new]
         self.ancestors[idx, idx] = True
         self.size += m
         return new
+
+    def greedy_depth(self) -> int:
+        """How deep the draft's own top-1 path reaches: the deepest node whose path is all rank-0 children."""
+        n = self.size
+        off_greedy = self.ranks[:n] != 0
+        on_path = ~(self.ancestors[:n, :n] & off_greedy[None, :]).any(dim=1)
+        return int((self.depths[:n] * on_path).max())
 
     def build(self) -> DraftTree:
         """A view of the current tree (valid until the next `start`)."""
