@@ -98,3 +98,15 @@ def test_cache_keep_of_a_prefix_is_a_crop():
     cache.update(keys, keys, 0)
     assert keep_entries(cache, start=2, keep=torch.tensor([0, 1])) == 4
     assert cache.get_seq_length() == 4
+
+
+def test_causal_mask_for_pending_tokens_sees_cache_and_earlier_tokens():
+    from vlmspec.engine.tree import additive_mask
+
+    causal = torch.ones(3, 3, dtype=torch.bool).tril_()
+    visible = additive_mask(2, causal, torch.float32)[0, 0] == 0
+    assert visible.tolist() == [
+        [True, True, True, False, False],
+        [True, True, True, True, False],
+        [True, True, True, True, True],
+    ]

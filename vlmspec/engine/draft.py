@@ -8,7 +8,7 @@ import torch
 
 from ..policies import TreePlan
 from .runner import ModelRunner
-from .tree import DraftTree, TreeBuilder
+from .tree import DraftTree, TreeBuilder, additive_mask
 
 
 @dataclass
@@ -50,12 +50,9 @@ class Drafter:
         child_log_probs = root_log_probs[None]
         cached_nodes = 0
         for level in range(1, plan.depth + 1):
-            budget = plan.max_nodes - (builder.size - 1)
-            if budget <= 0:
-                break
             top = child_log_probs.topk(plan.top_k, dim=-1)
             parent_log_probs = builder.log_probs[frontier]
-            keep = plan.select(level, parent_log_probs, top.values, budget)
+            keep = plan.select(level, parent_log_probs, top.values, plan.max_nodes - (builder.size - 1))
             rows, ranks = keep.nonzero(as_tuple=True)
             if rows.shape[0] == 0:
                 break
@@ -65,15 +62,8 @@ class Drafter:
             if level == plan.depth or builder.size - 1 >= plan.max_nodes:
                 break
             frontier = new
-            tree_part = builder.ancestors[new, 1 : new.stop]
-            prefix = runner.length - cached_nodes
-            bias = torch.full(
-                (new.stop - new.start, prefix + new.stop - 1), torch.finfo(runner.dtype).min,
-                dtype=runner.dtype, device=runner.device,
-            )
-            bias[:, :prefix] = 0
-            bias[:, prefix:].masked_fill_(tree_part, 0)
-            logits = runner.forward(builder.tokens[new], builder.depths[new], bias[None, None], root_index)
+            bias = additive_mask(runner.length - cached_nodes, builder.ancestors[new, 1 : new.stop], runner.dtype)
+            logits = runner.forward(builder.tokens[new], builder.depths[new], bias, root_index)
             child_log_probs = self._log_probs(logits)
             cached_nodes = new.stop - 1
         return Drafted(builder.build(), root_log_probs, cached_nodes, builder.greedy_depth())

@@ -8,6 +8,7 @@ import torch
 
 from ..adapters import ModelAdapter
 from .cache import check_cache, keep_entries
+from .tree import additive_mask
 
 
 class ModelRunner:
@@ -56,8 +57,5 @@ class ModelRunner:
 
     def causal_bias(self, q: int) -> torch.Tensor:
         """Additive mask for `q` new tokens appended causally after the current cache."""
-        kv = self.length + q
-        bias = torch.full((q, kv), torch.finfo(self.dtype).min, dtype=self.dtype, device=self.device)
-        bias[:, : self.length] = 0
-        bias[:, self.length :].triu_(1)
-        return bias[None, None]
+        causal = torch.ones(q, q, dtype=torch.bool, device=self.device).tril_()
+        return additive_mask(self.length, causal, self.dtype)

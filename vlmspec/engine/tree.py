@@ -11,6 +11,15 @@ from dataclasses import dataclass
 import torch
 
 
+def additive_mask(prefix_len: int, visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A `(1, 1, q, prefix_len + k)` additive attention mask: every row sees the prefix and its `visible` (q, k) keys."""
+    q, k = visible.shape
+    bias = torch.full((q, prefix_len + k), torch.finfo(dtype).min, dtype=dtype, device=visible.device)
+    bias[:, :prefix_len] = 0
+    bias[:, prefix_len:].masked_fill_(visible, 0)
+    return bias[None, None]
+
+
 @dataclass
 class DraftTree:
     """An immutable view of a grown tree; `ancestors[i, j]` is True when j is i or one of i's ancestors."""
@@ -37,11 +46,7 @@ class DraftTree:
 
     def attention_bias(self, prefix_len: int, dtype: torch.dtype) -> torch.Tensor:
         """Additive mask `(1, 1, n, prefix_len + n)`: each node sees the whole prefix, its ancestors and itself."""
-        n = self.size
-        bias = torch.full((n, prefix_len + n), torch.finfo(dtype).min, dtype=dtype, device=self.tokens.device)
-        bias[:, :prefix_len] = 0
-        bias[:, prefix_len:].masked_fill_(self.ancestors, 0)
-        return bias[None, None]
+        return additive_mask(prefix_len, self.ancestors, dtype)
 
     def leaf_paths(self) -> list[list[int]]:
         """Every root-to-leaf path as lists of node indices (for inspection and tests, not the hot path)."""
