@@ -15,9 +15,9 @@ def small_tree():
     """root(10) -> a(11), b(12); a -> c(13); c -> d(14)."""
     builder = TreeBuilder(8, torch.device("cpu"))
     builder.start(torch.tensor(10))
-    builder.add_level(torch.tensor([0, 0]), torch.tensor([11, 12]), torch.tensor([-0.1, -2.0]))
-    builder.add_level(torch.tensor([1]), torch.tensor([13]), torch.tensor([-0.3]))
-    builder.add_level(torch.tensor([3]), torch.tensor([14]), torch.tensor([-0.4]))
+    builder.add_level(torch.tensor([0, 0]), torch.tensor([11, 12]), torch.tensor([-0.1, -2.0]), torch.tensor([0, 1]))
+    builder.add_level(torch.tensor([1]), torch.tensor([13]), torch.tensor([-0.3]), torch.tensor([0]))
+    builder.add_level(torch.tensor([3]), torch.tensor([14]), torch.tensor([-0.4]), torch.tensor([0]))
     return builder.build()
 
 

@@ -52,8 +52,7 @@ class Drafter:
         for level in range(1, plan.depth + 1):
             top = child_log_probs.topk(plan.top_k, dim=-1)
             parent_log_probs = builder.log_probs[frontier]
-            keep = plan.select(level, parent_log_probs, top.values, plan.max_nodes - (builder.size - 1))
-            rows, ranks = keep.nonzero(as_tuple=True)
+            rows, ranks = plan.children(level, parent_log_probs, top.values, plan.max_nodes - (builder.size - 1))
             if rows.shape[0] == 0:
                 break
             new = builder.add_level(

@@ -14,10 +14,9 @@ import torch
 def additive_mask(prefix_len: int, visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A `(1, 1, q, prefix_len + k)` additive attention mask: every row sees the prefix and its `visible` (q, k) keys."""
     q, k = visible.shape
-    bias = torch.full((q, prefix_len + k), torch.finfo(dtype).min, dtype=dtype, device=visible.device)
-    bias[:, :prefix_len] = 0
-    bias[:, prefix_len:].masked_fill_(visible, 0)
-    return bias[None, None]
+    bias = torch.zeros((1, 1, q, prefix_len + k), dtype=dtype, device=visible.device)
+    bias[0, 0, :, prefix_len:].masked_fill_(visible.logical_not(), torch.finfo(dtype).min)
+    return bias
 
 
 @dataclass
@@ -66,7 +65,6 @@ class TreeBuilder:
         self.log_probs = torch.zeros(self.capacity, device=device)
         self.ranks = torch.zeros(self.capacity, dtype=torch.long, device=device)
         self.ancestors = torch.zeros(self.capacity, self.capacity, dtype=torch.bool, device=device)
-        self._arange = torch.arange(self.capacity, device=device)
         self.size = 0
 
     def start(self, root_token: torch.Tensor) -> None:
@@ -79,10 +77,8 @@ class TreeBuilder:
         self.ancestors[0, 0] = True
         self.size = 1
 
-    def add_level(
-        self, parents: torch.Tensor, tokens: torch.Tensor, log_probs: torch.Tensor, ranks: torch.Tensor | None = None
-    ) -> slice:
-        """Append one node per entry (children of `parents`, of draft rank `ranks`); returns the new nodes' slice."""
+    def add_level(self, parents: torch.Tensor, tokens: torch.Tensor, log_probs: torch.Tensor, ranks: torch.Tensor) -> slice:
+        """Append one level: children of `parents` with draft rank `ranks`; returns the new nodes' slice."""
         m = parents.shape[0]
         if self.size + m > self.capacity:
             raise ValueError(f"tree capacity {self.capacity - 1} exceeded")
@@ -91,10 +87,9 @@ class TreeBuilder:
         self.parents[new] = parents
         self.depths[new] = self.depths[parents] + 1
         self.log_probs[new] = log_probs
-        self.ranks[new] = 0 if ranks is None else ranks
+        self.ranks[new] = ranks
         self.ancestors[new] = self.ancestors[parents]
-        idx = self._arange[new]
-        self.ancestors[idx, idx] = True
+        self.ancestors[new, new].fill_diagonal_(True)
         self.size += m
         return new
 

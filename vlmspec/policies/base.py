@@ -30,6 +30,12 @@ class TreePlan(ABC):
         draft's top-k log-probabilities under each frontier node, sorted; `budget` is how many nodes may still be added.
         """
 
+    def children(
+        self, level: int, parent_log_probs: torch.Tensor, child_log_probs: torch.Tensor, budget: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The selected children as (frontier row, rank) index pairs, ordered by row then rank."""
+        return self.select(level, parent_log_probs, child_log_probs, budget).nonzero(as_tuple=True)
+
     @property
     def width(self) -> float:
         """Width of the first level (for stats)."""
@@ -66,6 +72,7 @@ class RankTreePlan(TreePlan):
             self._masks.append(mask)
             frontier = children
         self._device_masks: dict[torch.device, list[torch.Tensor]] = {}
+        self._device_children: dict[torch.device, list[tuple[torch.Tensor, torch.Tensor]]] = {}
 
     @property
     def width(self) -> float:
@@ -78,6 +85,14 @@ class RankTreePlan(TreePlan):
         if device not in self._device_masks:
             self._device_masks[device] = [m.to(device) for m in self._masks]
         return self._device_masks[device][level - 1]
+
+    def children(
+        self, level: int, parent_log_probs: torch.Tensor, child_log_probs: torch.Tensor, budget: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        device = child_log_probs.device
+        if device not in self._device_children:
+            self._device_children[device] = [tuple(m.to(device).nonzero(as_tuple=True)) for m in self._masks]
+        return self._device_children[device][level - 1]
 
 
 class TreePolicy(ABC):
