@@ -12,7 +12,7 @@ import time
 import torch
 
 from vlmspec import SpeculativeVLM
-from vlmspec.testing import noisy_copy, qwen_inputs, sample_frames, sample_image, tiny_processor, tiny_qwen2_5_vl
+from vlmspec.testing import noisy_copy, chat_inputs, sample_frames, sample_image, tiny_processor, tiny_qwen2_5_vl
 
 
 def main() -> None:
@@ -20,8 +20,8 @@ def main() -> None:
     target = tiny_qwen2_5_vl(seed=0)
     draft = noisy_copy(target, scale=0.05)
     examples = {
-        "image": qwen_inputs(processor, "Describe the image in detail.", images=[sample_image(0)]),
-        "video": qwen_inputs(processor, "Describe the video in detail.", video=sample_frames(0, num_frames=8)),
+        "image": chat_inputs(processor, "Describe the image in detail.", images=[sample_image(0)]),
+        "video": chat_inputs(processor, "Describe the video in detail.", video=sample_frames(0, num_frames=8)),
     }
     for name, inputs in examples.items():
         start = time.perf_counter()

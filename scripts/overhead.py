@@ -12,7 +12,7 @@ import time
 import torch
 
 from vlmspec import SpeculativeVLM
-from vlmspec.testing import qwen_inputs, sample_image, tiny_processor, tiny_qwen2_5_vl
+from vlmspec.testing import chat_inputs, sample_image, tiny_processor, tiny_qwen2_5_vl
 
 
 def main() -> None:
@@ -24,7 +24,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(2)
     target = tiny_qwen2_5_vl(seed=0, hidden_size=args.hidden_size, num_layers=args.layers)
-    inputs = qwen_inputs(tiny_processor(), "Describe the image in detail.", images=[sample_image(0)])
+    inputs = chat_inputs(tiny_processor(), "Describe the image in detail.", images=[sample_image(0)])
     in_forward = [0.0]
     started: list[float] = []
     target.register_forward_pre_hook(lambda *_: started.append(time.perf_counter()))

@@ -1,59 +1,120 @@
-"""Shared fixtures: one tiny Qwen2.5-VL target, three kinds of draft, and real preprocessed inputs."""
+"""Shared fixtures: per family one tiny target, three kinds of draft, and real preprocessed inputs."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
 
 import pytest
 import torch
 
-from vlmspec.testing import noisy_copy, qwen_inputs, sample_frames, sample_image, tiny_processor, tiny_qwen2_5_vl
+from vlmspec.testing import (
+    chat_inputs,
+    noisy_copy,
+    sample_frames,
+    sample_image,
+    tiny_llava_onevision,
+    tiny_llava_onevision_processor,
+    tiny_processor,
+    tiny_qwen2_5_vl,
+    tiny_qwen3_vl,
+    tiny_qwen3_vl_moe,
+    tiny_qwen3_vl_processor,
+)
 
 torch.set_num_threads(2)
 
 LONG_PROMPT = " ".join(
     ["Describe the image in detail: every shape, every colour, where each object is and how large it is."] * 6
 )
+CASES = ("text", "image", "two_images", "video", "long_prompt")
+DRAFTS = ("self", "independent", "noisy")
 
 
-@pytest.fixture(scope="session")
-def processor():
-    return tiny_processor()
+@dataclass
+class Family:
+    """One model family's tiny target, its drafts and preprocessed inputs, built lazily and cached."""
 
+    name: str
+    make_processor: Callable
+    make_target: Callable
+    make_independent: Callable
 
-@pytest.fixture(scope="session")
-def target():
-    return tiny_qwen2_5_vl(seed=0)
+    @cached_property
+    def processor(self):
+        return self.make_processor()
 
+    @cached_property
+    def target(self):
+        return self.make_target()
 
-@pytest.fixture(scope="session")
-def drafts(target):
-    """The target itself, an independent random model, and a noisy copy of the target (partial acceptance)."""
-    return {
-        "self": target,
-        "independent": tiny_qwen2_5_vl(seed=1, hidden_size=32, heads=2, kv_heads=1),
-        "noisy": noisy_copy(target, scale=0.05, seed=0),
-    }
+    @cached_property
+    def drafts(self):
+        """The target itself, an independent random model, and a noisy copy of the target (partial acceptance)."""
+        return {"self": self.target, "independent": self.make_independent(), "noisy": noisy_copy(self.target, 0.05)}
 
+    @cached_property
+    def cases(self):
+        p = self.processor
+        return {
+            "text": chat_inputs(p, "Describe the image in detail."),
+            "image": chat_inputs(p, "Describe the image in detail.", images=[sample_image(0)]),
+            "two_images": chat_inputs(p, "What is shown here?", images=[sample_image(1), sample_image(2, (64, 64))]),
+            "video": chat_inputs(p, "Describe the video in detail.", video=sample_frames(0, num_frames=5)),
+            "long_prompt": chat_inputs(p, LONG_PROMPT, images=[sample_image(3)]),
+        }
 
-@pytest.fixture(scope="session")
-def cases(processor):
-    return {
-        "text": qwen_inputs(processor, "Describe the image in detail."),
-        "image": qwen_inputs(processor, "Describe the image in detail.", images=[sample_image(0)]),
-        "two_images": qwen_inputs(processor, "What is shown here?", images=[sample_image(1), sample_image(2, (64, 64))]),
-        "video": qwen_inputs(processor, "Describe the video in detail.", video=sample_frames(0, num_frames=5)),
-        "long_prompt": qwen_inputs(processor, LONG_PROMPT, images=[sample_image(3)]),
-    }
+    @cached_property
+    def _references(self):
+        return {}
 
-
-@pytest.fixture(scope="session")
-def reference(target, cases):
-    """The target's own greedy output for each case, computed once."""
-    cache = {}
-
-    def get(case: str, max_new_tokens: int = 32, **kwargs) -> torch.Tensor:
+    def reference(self, case: str, max_new_tokens: int = 32, **kwargs) -> torch.Tensor:
+        """The target's own greedy output, computed once per arguments."""
         key = (case, max_new_tokens, tuple(sorted(kwargs.items())))
-        if key not in cache:
-            cache[key] = target.generate(**cases[case], do_sample=False, max_new_tokens=max_new_tokens, **kwargs)
-        return cache[key]
+        if key not in self._references:
+            self._references[key] = self.target.generate(
+                **self.cases[case], do_sample=False, max_new_tokens=max_new_tokens, **kwargs
+            )
+        return self._references[key]
 
-    return get
+
+FAMILIES = {
+    "qwen2_5_vl": Family("qwen2_5_vl", tiny_processor, tiny_qwen2_5_vl, lambda: tiny_qwen2_5_vl(1, hidden_size=32, heads=2, kv_heads=1)),
+    "qwen3_vl": Family("qwen3_vl", tiny_qwen3_vl_processor, tiny_qwen3_vl, lambda: tiny_qwen3_vl(1, hidden_size=32, heads=2, kv_heads=1)),
+    "qwen3_vl_moe": Family("qwen3_vl_moe", tiny_qwen3_vl_processor, tiny_qwen3_vl_moe, lambda: tiny_qwen3_vl(2)),
+    "llava_onevision": Family(
+        "llava_onevision", tiny_llava_onevision_processor, tiny_llava_onevision, lambda: tiny_llava_onevision(1, hidden_size=32, heads=2, kv_heads=1)
+    ),
+}
+
+
+@pytest.fixture(scope="session", params=list(FAMILIES))
+def family(request) -> Family:
+    return FAMILIES[request.param]
+
+
+@pytest.fixture(scope="session")
+def qwen() -> Family:
+    """The Qwen2.5-VL family, for tests of behaviour that does not depend on the family."""
+    return FAMILIES["qwen2_5_vl"]
+
+
+@pytest.fixture(scope="session")
+def target(qwen):
+    return qwen.target
+
+
+@pytest.fixture(scope="session")
+def drafts(qwen):
+    return qwen.drafts
+
+
+@pytest.fixture(scope="session")
+def cases(qwen):
+    return qwen.cases
+
+
+@pytest.fixture(scope="session")
+def reference(qwen):
+    return qwen.reference

@@ -1,26 +1,25 @@
-"""Speculative output equals the target's own greedy `generate`, token for token, for every policy and draft."""
+"""Speculative output equals the target's own greedy `generate`, token for token, for every family, policy and draft."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from conftest import CASES, DRAFTS
 
 from vlmspec import SpeculativeVLM
 
-POLICIES = ["chain", "static-tree", "sage"]
-DRAFTS = ["self", "independent", "noisy"]
-CASES = ["text", "image", "two_images", "video", "long_prompt"]
+POLICIES = ("chain", "static-tree", "sage")
 
 
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("draft_name", DRAFTS)
 @pytest.mark.parametrize("case", CASES)
-def test_greedy_output_equals_target_generate(target, drafts, cases, reference, case, draft_name, policy):
-    spec = SpeculativeVLM(target, drafts[draft_name], policy=policy)
-    out = spec.generate(**cases[case], max_new_tokens=32)
-    assert torch.equal(out, reference(case))
+def test_greedy_output_equals_target_generate(family, case, draft_name, policy):
+    spec = SpeculativeVLM(family.target, family.drafts[draft_name], policy=policy)
+    out = spec.generate(**family.cases[case], max_new_tokens=32)
+    assert torch.equal(out, family.reference(case))
     stats = spec.last_stats
-    assert stats.new_tokens == out.shape[1] - cases[case]["input_ids"].shape[1]
+    assert stats.new_tokens == out.shape[1] - family.cases[case]["input_ids"].shape[1]
     if draft_name == "self":
         assert all(step.accepted == step.greedy_depth for step in stats.steps)
         assert all(step.greedy_depth == step.depth for step in stats.steps if policy != "sage")

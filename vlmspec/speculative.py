@@ -16,18 +16,6 @@ from .errors import BatchSizeError, VocabularyMismatchError
 from .hf.generation import resolve_generation
 from .policies import SageConfig, TreePolicy, resolve_policy
 
-#: Keyword inputs of the target's processor that go to the models rather than to generation.
-MODEL_INPUT_KEYS = (
-    "input_ids",
-    "attention_mask",
-    "pixel_values",
-    "image_grid_thw",
-    "pixel_values_videos",
-    "video_grid_thw",
-    "second_per_grid_ts",
-    "mm_token_type_ids",
-)
-
 _SPECIAL_TOKEN_ATTRIBUTES = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
 
 
@@ -83,7 +71,8 @@ class SpeculativeVLM:
                 f"input_ids has shape {tuple(input_ids.shape)}: vlmspec decodes one sequence per call; "
                 "loop over the batch or use the batch captioning tools"
             )
-        model_inputs = {k: kwargs.pop(k) for k in MODEL_INPUT_KEYS[1:] if kwargs.get(k) is not None}
+        input_keys = self._target_runner.adapter.input_keys
+        model_inputs = {k: kwargs.pop(k) for k in input_keys if k != "input_ids" and kwargs.get(k) is not None}
         mask = model_inputs.get("attention_mask")
         if mask is not None and not bool(mask.all()):
             raise BatchSizeError("attention_mask has padding; pass a single unpadded sequence")

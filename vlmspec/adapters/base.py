@@ -24,6 +24,8 @@ class ModelAdapter(ABC):
 
     #: Names of the model classes this adapter serves (matched against the model's class and its bases).
     model_classes: ClassVar[tuple[str, ...]] = ()
+    #: The keyword inputs of the family's processor that go to the model (the rest are generation arguments).
+    input_keys: ClassVar[tuple[str, ...]] = ("input_ids", "attention_mask")
 
     def __init__(self, model: PreTrainedModel):
         self.model = model

@@ -6,9 +6,11 @@ from transformers import PreTrainedModel
 
 from ..errors import UnsupportedModelError
 from .base import ModelAdapter
+from .llava_onevision import LlavaOnevisionAdapter
 from .qwen2_5_vl import Qwen2_5_VLAdapter
+from .qwen3_vl import Qwen3VLAdapter
 
-_ADAPTERS: list[type[ModelAdapter]] = [Qwen2_5_VLAdapter]
+_ADAPTERS: list[type[ModelAdapter]] = [Qwen2_5_VLAdapter, Qwen3VLAdapter, LlavaOnevisionAdapter]
 
 
 def register_adapter(adapter: type[ModelAdapter]) -> type[ModelAdapter]:

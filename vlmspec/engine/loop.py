@@ -106,13 +106,13 @@ class SpeculativeDecoder:
             draft.prefill(draft_inputs)
         stats.draft_prefill_tokens = draft.length
         policy.reset()
-        pending = first[None]
+        pending = first[None].to(draft.device)
         while not sink.finished:
             plan = policy.plan()
             draft_start = draft.length
             with timer("drafting"):
                 drafted = self.drafter.grow(pending, plan)
-            tree = drafted.tree
+            tree = drafted.tree.to(target.device)
             target_start = target.length
             with timer("verification"):
                 target_choice = verify_tree(target, tree, settings.choice, sink.sequence)
@@ -120,13 +120,14 @@ class SpeculativeDecoder:
                 path, bonus = accept_greedy(tree, target_choice)
                 accepted_nodes = path[1:]
                 target.keep(target_start, path)
-                in_draft = accepted_nodes <= drafted.cached_nodes
+                in_draft = (accepted_nodes <= drafted.cached_nodes).to(draft.device)
+                draft_path = accepted_nodes.to(draft.device)
                 root_offset = pending.shape[0] - 1
                 draft.keep(
                     draft_start,
-                    torch.cat([torch.arange(pending.shape[0], device=path.device), accepted_nodes[in_draft] + root_offset]),
+                    torch.cat([torch.arange(pending.shape[0], device=draft.device), draft_path[in_draft] + root_offset]),
                 )
-                pending = torch.cat([tree.tokens[accepted_nodes[~in_draft]], bonus[None]])
+                pending = torch.cat([drafted.tree.tokens[draft_path[~in_draft]], bonus[None].to(draft.device)])
                 stats.steps.append(
                     StepRecord(
                         alpha=policy.confidence,

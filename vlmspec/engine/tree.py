@@ -39,6 +39,12 @@ class DraftTree:
         """Depth of the deepest node (0 for a root-only tree)."""
         return int(self.depths[-1])
 
+    def to(self, device: torch.device) -> DraftTree:
+        """The same tree on `device` (the target may sit on another device than the draft)."""
+        if self.tokens.device == device:
+            return self
+        return DraftTree(*(t.to(device) for t in (self.tokens, self.parents, self.depths, self.log_probs, self.ancestors)))
+
     def path_to(self, node: int) -> torch.Tensor:
         """Node indices from the root to `node`, both included, in root-to-leaf order."""
         return self.ancestors[node].nonzero().squeeze(1)

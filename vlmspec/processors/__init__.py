@@ -1,6 +1,7 @@
 """Media in: turning images and video frames into what each model family expects."""
 
-from .qwen import QwenVLInputs
+from .inputs import VisualInputs, image_only
 from .qwen_video import QwenVideoPatcher
+from .video_packing import LlavaOnevisionVideoPacker, QwenVideoPacker
 
-__all__ = ["QwenVLInputs", "QwenVideoPatcher"]
+__all__ = ["LlavaOnevisionVideoPacker", "QwenVideoPacker", "QwenVideoPatcher", "VisualInputs", "image_only"]

@@ -1,14 +1,22 @@
-"""Offline fixtures: tiny random models, a local tokenizer and real processor classes."""
+"""Offline fixtures: tiny random models of every supported family, local tokenizers and real processor classes."""
 
-from .qwen2_5_vl import noisy_copy, qwen_inputs, sample_frames, sample_image, tiny_processor, tiny_qwen2_5_vl
+from .common import chat_inputs, noisy_copy, sample_frames, sample_image
+from .llava_onevision import tiny_llava_onevision, tiny_llava_onevision_processor
+from .qwen2_5_vl import tiny_processor, tiny_qwen2_5_vl
+from .qwen3_vl import tiny_qwen3_vl, tiny_qwen3_vl_moe, tiny_qwen3_vl_processor
 from .tokenizer import build_tokenizer
 
 __all__ = [
     "build_tokenizer",
+    "chat_inputs",
     "noisy_copy",
-    "qwen_inputs",
     "sample_frames",
     "sample_image",
+    "tiny_llava_onevision",
+    "tiny_llava_onevision_processor",
     "tiny_processor",
     "tiny_qwen2_5_vl",
+    "tiny_qwen3_vl",
+    "tiny_qwen3_vl_moe",
+    "tiny_qwen3_vl_processor",
 ]

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-import numpy as np
 import torch
-from PIL import Image
-from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLProcessor
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-from ..processors import QwenVideoPatcher, QwenVLInputs
+from ..processors import QwenVideoPacker, QwenVideoPatcher, VisualInputs, image_only
+from .common import sharpen
 from .tokenizer import QWEN_SPECIAL_TOKENS, build_tokenizer
 
 #: Small images: 28x28-pixel merged tokens, between 4 and 64 of them per image or frame pair.
@@ -18,12 +15,21 @@ MIN_PIXELS = 4 * 28 * 28
 MAX_PIXELS = 64 * 28 * 28
 
 
-def tiny_processor() -> QwenVLInputs:
-    """Qwen-VL preprocessing around the local tokenizer, the real (PIL) Qwen2-VL image processor and the video patcher."""
+def qwen_token_ids() -> dict[str, int]:
     tokenizer = build_tokenizer()
-    image_processor = Qwen2VLImageProcessorPil(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS)
+    return {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_SPECIAL_TOKENS}
+
+
+def tiny_processor() -> VisualInputs:
+    """The real Qwen2.5-VL processor class (text, images) around the local tokenizer, plus the video packer."""
+    tokenizer = build_tokenizer()
+    processor = image_only(Qwen2_5_VLProcessor)(
+        image_processor=Qwen2VLImageProcessorPil(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS),
+        tokenizer=tokenizer,
+        chat_template=tokenizer.chat_template,
+    )
     patcher = QwenVideoPatcher(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS)
-    return QwenVLInputs(tokenizer, image_processor, patcher)
+    return VisualInputs(processor, QwenVideoPacker(patcher, timestamps=False))
 
 
 def tiny_qwen2_5_vl(
@@ -34,18 +40,13 @@ def tiny_qwen2_5_vl(
     kv_heads: int = 2,
     logit_scale: float = 20.0,
 ) -> Qwen2_5_VLForConditionalGeneration:
-    """A random Qwen2.5-VL sized for unit tests (float32, eval mode), sharing the tiny tokenizer's ids.
-
-    The output head is scaled by `logit_scale` so next-token distributions are peaked, as a trained model's are;
-    with flat random distributions an entropy-adaptive policy has nothing to adapt to.
-    """
-    tokenizer = build_tokenizer()
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_SPECIAL_TOKENS}
+    """A random Qwen2.5-VL sized for unit tests (float32, eval mode), sharing the tiny tokenizer's ids."""
+    ids = qwen_token_ids()
     head_dim = hidden_size // heads
     quarter = head_dim // 2 // 4
     config = Qwen2_5_VLConfig(
         text_config=dict(
-            vocab_size=len(tokenizer),
+            vocab_size=len(build_tokenizer()),
             hidden_size=hidden_size,
             intermediate_size=hidden_size * 2,
             num_hidden_layers=num_layers,
@@ -78,50 +79,7 @@ def tiny_qwen2_5_vl(
         tie_word_embeddings=False,
     )
     torch.manual_seed(seed)
-    model = Qwen2_5_VLForConditionalGeneration(config).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(logit_scale)
+    model = Qwen2_5_VLForConditionalGeneration(config)
     model.generation_config.eos_token_id = ids["<|im_end|>"]
     model.generation_config.pad_token_id = ids["<|endoftext|>"]
-    return model
-
-
-def noisy_copy(model: torch.nn.Module, scale: float = 0.02, seed: int = 0) -> torch.nn.Module:
-    """A copy of `model` with Gaussian noise added to every weight: a draft that agrees often, not always."""
-    clone = type(model)(model.config).eval()
-    clone.load_state_dict(model.state_dict())
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in clone.parameters():
-            p.add_(torch.randn(p.shape, generator=generator) * scale * (p.std() if p.numel() > 1 else 1.0))
-    clone.generation_config = model.generation_config
-    return clone
-
-
-def sample_image(seed: int = 0, size: tuple[int, int] = (96, 128)) -> Image.Image:
-    """A deterministic random RGB image."""
-    rng = np.random.default_rng(seed)
-    return Image.fromarray(rng.integers(0, 256, (*size, 3), dtype=np.uint8))
-
-
-def sample_frames(seed: int = 0, num_frames: int = 4, size: tuple[int, int] = (56, 84)) -> np.ndarray:
-    """Deterministic random video frames `(T, H, W, 3)` uint8."""
-    rng = np.random.default_rng(seed)
-    return rng.integers(0, 256, (num_frames, *size, 3), dtype=np.uint8)
-
-
-def qwen_inputs(
-    processor: QwenVLInputs,
-    prompt: str,
-    images: list[Image.Image] | None = None,
-    video: np.ndarray | None = None,
-    video_fps: float = 2.0,
-) -> dict[str, Any]:
-    """Chat-formatted model inputs for one user turn with images and/or one video, then the prompt."""
-    images = images or []
-    content = [{"type": "image"} for _ in images]
-    if video is not None:
-        content.append({"type": "video"})
-    content.append({"type": "text", "text": prompt})
-    text = processor.apply_chat_template([{"role": "user", "content": content}])
-    return dict(processor(text, images=images, videos=None if video is None else [video], video_fps=video_fps))
+    return sharpen(model, logit_scale)

@@ -17,12 +17,24 @@ QWEN_SPECIAL_TOKENS = (
     "<|video_pad|>",
 )
 
+LLAVA_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<image>", "<video>")
+
 QWEN_CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
     "{% if message['content'] is string %}{{ message['content'] }}"
     "{% else %}{% for content in message['content'] %}"
     "{% if content['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
     "{% elif content['type'] == 'video' %}<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+LLAVA_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' %}<image>\n{% elif content['type'] == 'video' %}<video>\n"
     "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}"
     "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -38,15 +50,19 @@ _CORPUS = (
 )
 
 
-@lru_cache(maxsize=4)
-def build_tokenizer(vocab_size: int = 320) -> PreTrainedTokenizerFast:
+@lru_cache(maxsize=8)
+def build_tokenizer(
+    vocab_size: int = 320,
+    special_tokens: tuple[str, ...] = QWEN_SPECIAL_TOKENS,
+    chat_template: str = QWEN_CHAT_TEMPLATE,
+) -> PreTrainedTokenizerFast:
     """A deterministic tokenizer trained on a built-in corpus; every string is encodable (byte-level)."""
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=list(QWEN_SPECIAL_TOKENS),
+        special_tokens=list(special_tokens),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -55,5 +71,5 @@ def build_tokenizer(vocab_size: int = 320) -> PreTrainedTokenizerFast:
         tokenizer_object=tokenizer,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
-        chat_template=QWEN_CHAT_TEMPLATE,
+        chat_template=chat_template,
     )
