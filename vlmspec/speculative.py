@@ -14,24 +14,35 @@ from .engine.runner import ModelRunner
 from .engine.stats import SpecStats
 from .errors import BatchSizeError, VocabularyMismatchError
 from .hf.generation import resolve_generation
+from .loading import Quantization, check_tokenizers, load_model
 from .policies import SageConfig, TreePolicy, resolve_policy
+from .processors import load_processor
 
 _SPECIAL_TOKEN_ATTRIBUTES = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
 
 
-def check_vocabularies(target: PreTrainedModel, draft: PreTrainedModel) -> None:
-    """Refuse a pair whose output vocabularies or multimodal special tokens differ (their ids would mean other tokens)."""
+def check_vocabularies(target: PreTrainedModel, draft: PreTrainedModel, vocab_size: int | None = None) -> int:
+    """Refuse a pair whose vocabularies or multimodal special tokens differ; returns how many ids the draft may propose.
+
+    Output heads padded to different sizes pair up only when `vocab_size` (the shared tokenizer's length) says
+    which ids are real tokens.
+    """
     target_vocab = target.get_output_embeddings().weight.shape[0]
     draft_vocab = draft.get_output_embeddings().weight.shape[0]
-    if target_vocab != draft_vocab:
+    if vocab_size is None and target_vocab != draft_vocab:
         raise VocabularyMismatchError(
             f"the draft's vocabulary has {draft_vocab} tokens but the target's has {target_vocab}; "
-            "a draft must share the target's tokenizer"
+            "a draft must share the target's tokenizer (pass vocab_size when only the head padding differs)"
+        )
+    if vocab_size is not None and vocab_size > min(target_vocab, draft_vocab):
+        raise VocabularyMismatchError(
+            f"the tokenizer has {vocab_size} tokens but the target's head has {target_vocab} and the draft's {draft_vocab}"
         )
     for name in _SPECIAL_TOKEN_ATTRIBUTES:
         t, d = getattr(target.config, name, None), getattr(draft.config, name, None)
         if t is not None and d is not None and t != d:
             raise VocabularyMismatchError(f"{name} is {d} in the draft but {t} in the target")
+    return vocab_size or target_vocab
 
 
 class SpeculativeVLM:
@@ -42,18 +53,54 @@ class SpeculativeVLM:
     """
 
     def __init__(
-        self, target: PreTrainedModel, draft: PreTrainedModel, policy: str | SageConfig | TreePolicy = "sage"
+        self,
+        target: PreTrainedModel,
+        draft: PreTrainedModel,
+        policy: str | SageConfig | TreePolicy = "sage",
+        *,
+        vocab_size: int | None = None,
+        processor: Any = None,
     ):
         self.target = target
         self.draft = draft
+        self.processor = processor
         self._target_runner = ModelRunner(adapter_for(target))
         self._draft_runner = ModelRunner(adapter_for(draft))
-        check_vocabularies(target, draft)
+        vocab_limit = check_vocabularies(target, draft, vocab_size)
         self.policy = resolve_policy(policy)
-        self._decoder = SpeculativeDecoder(
-            self._target_runner, self._draft_runner, self.policy, self._target_runner.adapter.vocab_size
-        )
+        self._decoder = SpeculativeDecoder(self._target_runner, self._draft_runner, self.policy, vocab_limit)
         self.last_stats: SpecStats | None = None
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        target: str,
+        draft: str,
+        *,
+        policy: str | SageConfig | TreePolicy = "sage",
+        torch_dtype: torch.dtype | str | None = None,
+        device_map: Any = None,
+        draft_device_map: Any = None,
+        target_quantization: Quantization = None,
+        draft_quantization: Quantization = None,
+        attn_implementation: str | None = None,
+        **hub_kwargs: Any,
+    ) -> SpeculativeVLM:
+        """Load a pair (hub ids or directories) and the target's processor; refuse tokenizers that disagree.
+
+        `device_map="auto"` spreads the target over the available GPUs; the draft goes to `draft_device_map`,
+        by default the device holding the target's input embeddings.
+        """
+        check_tokenizers(target, draft, **hub_kwargs)
+        common = dict(torch_dtype=torch_dtype, attn_implementation=attn_implementation, **hub_kwargs)
+        target_model = load_model(target, device_map=device_map, quantization=target_quantization, **common)
+        if draft_device_map is None and device_map is not None:
+            draft_device_map = {"": str(target_model.get_input_embeddings().weight.device)}
+        draft_model = load_model(draft, device_map=draft_device_map, quantization=draft_quantization, **common)
+        processor = load_processor(target, **hub_kwargs)
+        return cls(
+            target_model, draft_model, policy, vocab_size=len(processor.tokenizer), processor=processor
+        )
 
     @torch.inference_mode()
     def generate(

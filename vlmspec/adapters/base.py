@@ -26,6 +26,8 @@ class ModelAdapter(ABC):
     model_classes: ClassVar[tuple[str, ...]] = ()
     #: The keyword inputs of the family's processor that go to the model (the rest are generation arguments).
     input_keys: ClassVar[tuple[str, ...]] = ("input_ids", "attention_mask")
+    #: Modules that `"8bit"`/`"4bit"` presets leave unquantised (vision tower, projector, output head).
+    quantization_skip_modules: ClassVar[tuple[str, ...]] = ("lm_head",)
 
     def __init__(self, model: PreTrainedModel):
         self.model = model

@@ -12,6 +12,7 @@ from .base import ModelAdapter, Prefill
 
 class LlavaOnevisionAdapter(ModelAdapter):
     model_classes = ("LlavaOnevisionForConditionalGeneration",)
+    quantization_skip_modules = ("model.vision_tower", "model.multi_modal_projector", "lm_head")
     input_keys = (
         "input_ids",
         "attention_mask",

@@ -7,6 +7,7 @@ from .mrope import MRopeAdapter
 
 class Qwen2_5_VLAdapter(MRopeAdapter):
     model_classes = ("Qwen2_5_VLForConditionalGeneration",)
+    quantization_skip_modules = ("model.visual", "lm_head")
     input_keys = (
         "input_ids",
         "attention_mask",

@@ -11,6 +11,7 @@ from .mrope import MRopeAdapter
 
 class Qwen3VLAdapter(MRopeAdapter):
     model_classes = ("Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration")
+    quantization_skip_modules = ("model.visual", "lm_head")
     input_keys = (
         "input_ids",
         "attention_mask",

@@ -23,12 +23,20 @@ def supported_model_classes() -> list[str]:
     return sorted({name for adapter in _ADAPTERS for name in adapter.model_classes})
 
 
-def adapter_for(model: PreTrainedModel) -> ModelAdapter:
-    """The adapter serving `model`'s class (or one of its bases); a clear error if there is none."""
-    names = {cls.__name__ for cls in type(model).__mro__}
+def adapter_class_for(model_class: type) -> type[ModelAdapter] | None:
+    """The adapter class serving `model_class` (or one of its bases), if any."""
+    names = {cls.__name__ for cls in model_class.__mro__}
     for adapter in _ADAPTERS:
         if names.intersection(adapter.model_classes):
-            return adapter(model)
+            return adapter
+    return None
+
+
+def adapter_for(model: PreTrainedModel) -> ModelAdapter:
+    """The adapter serving `model`'s class (or one of its bases); a clear error if there is none."""
+    adapter = adapter_class_for(type(model))
+    if adapter is not None:
+        return adapter(model)
     raise UnsupportedModelError(
         f"vlmspec has no adapter for {type(model).__name__}; supported model classes: "
         + ", ".join(supported_model_classes())

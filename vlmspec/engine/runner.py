@@ -38,7 +38,7 @@ class ModelRunner:
         check_cache(self.cache)
         self.length = result.length
         self.offset = result.next_position - result.length
-        return result.last_logits
+        return result.last_logits.to(self.device)
 
     def position(self, index: int) -> int:
         """Position of the token at cache index `index` (an index at or after the prompt's end)."""
@@ -49,7 +49,7 @@ class ModelRunner:
         positions = depths + self.position(base_index)
         logits = self.adapter.decode(tokens, positions, bias, self.cache)
         self.length += tokens.shape[0]
-        return logits
+        return logits.to(self.device)
 
     def keep(self, start: int, keep: torch.Tensor) -> None:
         """Keep, of the entries from cache index `start` on, those at offsets `keep`."""

@@ -46,16 +46,23 @@ def image_only(processor_class: type[ProcessorMixin]) -> type[ProcessorMixin]:
                 text = [t.replace(video_token, "") for t in ([text] if isinstance(text, str) else text)]
             return super().validate_inputs(images=images, text=text, videos=videos, audio=audio, **kwargs)
 
-    ImageOnly.__name__ = ImageOnly.__qualname__ = f"{processor_class.__name__}ImageOnly"
+    ImageOnly.__name__ = processor_class.__name__
+    ImageOnly.__qualname__ = f"image_only({processor_class.__name__})"
     return ImageOnly
 
 
 class VisualInputs:
-    """Callable like a processor: `(text, images=..., videos=...)` -> the model's keyword inputs, batch size 1."""
+    """Callable like a processor: `(text, images=..., videos=...)` -> the model's keyword inputs, batch size 1.
+
+    With no `video_packer` the processor handles videos itself (where torchvision is installed).
+    """
 
     def __init__(self, processor: ProcessorMixin, video_packer: VideoPacker | None = None):
         self.processor = processor
         self.video_packer = video_packer
+
+    def save_pretrained(self, path: str) -> None:
+        self.processor.save_pretrained(path)
 
     @property
     def tokenizer(self) -> Any:
@@ -72,9 +79,12 @@ class VisualInputs:
         video_fps: float = 2.0,
     ) -> BatchFeature:
         video_inputs: dict[str, torch.Tensor] = {}
+        if videos and self.video_packer is None:
+            return self.processor(
+                text=[text], images=list(images) if images else None, videos=[np.asarray(v) for v in videos],
+                return_tensors="pt", fps=video_fps, do_sample_frames=False,
+            )
         if videos:
-            if self.video_packer is None:
-                raise ValueError(f"{type(self.processor).__name__} has no video support here")
             marker = self.video_packer.marker
             parts = text.split(marker)
             if len(parts) - 1 != len(videos):

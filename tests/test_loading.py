@@ -1,0 +1,93 @@
+"""Loading pairs with `from_pretrained` from directories written by `save_pretrained`, for every family."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import FAMILIES
+
+from vlmspec import SpeculativeVLM, UnsupportedModelError, VocabularyMismatchError
+from vlmspec.processors import VisualInputs
+from vlmspec.testing import build_tokenizer, chat_inputs, sample_frames, sample_image
+from vlmspec.testing.llava_onevision import llava_tokenizer
+
+
+@pytest.fixture(scope="module")
+def saved_pairs(tmp_path_factory):
+    """Per family: the target with its processor in one directory, the independent draft with its tokenizer in another."""
+    pairs = {}
+    for name, family in FAMILIES.items():
+        root = tmp_path_factory.mktemp(name)
+        target_dir, draft_dir = root / "target", root / "draft"
+        family.target.save_pretrained(target_dir)
+        family.processor.save_pretrained(target_dir)
+        family.drafts["independent"].save_pretrained(draft_dir)
+        family.processor.tokenizer.save_pretrained(draft_dir)
+        pairs[name] = (str(target_dir), str(draft_dir))
+    return pairs
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_from_pretrained_loads_a_pair_that_decodes_exactly(saved_pairs, name):
+    target_dir, draft_dir = saved_pairs[name]
+    spec = SpeculativeVLM.from_pretrained(target_dir, draft_dir, policy="sage")
+    assert isinstance(spec.processor, VisualInputs)
+    assert type(spec.target) is type(FAMILIES[name].target)
+    for inputs in (
+        chat_inputs(spec.processor, "Describe the image in detail.", images=[sample_image(0)]),
+        chat_inputs(spec.processor, "Describe the video in detail.", video=sample_frames(1, num_frames=4)),
+    ):
+        expected = spec.target.generate(**inputs, do_sample=False, max_new_tokens=16)
+        assert torch.equal(spec.generate(**inputs, max_new_tokens=16), expected)
+
+
+def test_loaded_processor_matches_the_one_that_was_saved(saved_pairs):
+    target_dir, _ = saved_pairs["qwen2_5_vl"]
+    spec = SpeculativeVLM.from_pretrained(target_dir, saved_pairs["qwen2_5_vl"][1])
+    original = FAMILIES["qwen2_5_vl"].processor
+    for kwargs in ({"images": [sample_image(4)]}, {"video": sample_frames(2, num_frames=6)}):
+        a = chat_inputs(original, "What is shown here?", **kwargs)
+        b = chat_inputs(spec.processor, "What is shown here?", **kwargs)
+        assert a.keys() == b.keys()
+        assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_an_8bit_target_decodes_exactly_like_its_own_greedy_generate(saved_pairs):
+    target_dir, draft_dir = saved_pairs["qwen2_5_vl"]
+    spec = SpeculativeVLM.from_pretrained(target_dir, draft_dir, target_quantization="8bit", policy="static-tree")
+    assert "8bit" in type(spec.target.model.language_model.layers[0].self_attn.q_proj).__name__
+    inputs = chat_inputs(spec.processor, "Describe the image in detail.", images=[sample_image(0)])
+    expected = spec.target.generate(**inputs, do_sample=False, max_new_tokens=16)
+    assert torch.equal(spec.generate(**inputs, max_new_tokens=16), expected)
+
+
+def test_a_pair_with_different_tokenizers_is_refused(saved_pairs, tmp_path):
+    target_dir, _ = saved_pairs["qwen2_5_vl"]
+    other = tmp_path / "other"
+    FAMILIES["qwen2_5_vl"].drafts["independent"].save_pretrained(other)
+    build_tokenizer(vocab_size=300).save_pretrained(other)
+    with pytest.raises(VocabularyMismatchError, match="tokenizers"):
+        SpeculativeVLM.from_pretrained(target_dir, str(other))
+
+
+def test_a_pair_across_families_is_refused(saved_pairs):
+    with pytest.raises(VocabularyMismatchError):
+        SpeculativeVLM.from_pretrained(saved_pairs["qwen2_5_vl"][0], saved_pairs["llava_onevision"][1])
+
+
+def test_an_unsupported_checkpoint_is_named(tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=len(llava_tokenizer()))).save_pretrained(tmp_path)
+    llava_tokenizer().save_pretrained(tmp_path)
+    with pytest.raises(UnsupportedModelError, match="gpt2"):
+        SpeculativeVLM.from_pretrained(str(tmp_path), str(tmp_path))
+
+
+def test_a_4bit_target_decodes_exactly_like_its_own_greedy_generate(saved_pairs):
+    target_dir, draft_dir = saved_pairs["qwen2_5_vl"]
+    spec = SpeculativeVLM.from_pretrained(target_dir, draft_dir, target_quantization="4bit", policy="chain")
+    assert "4bit" in type(spec.target.model.language_model.layers[0].self_attn.q_proj).__name__
+    inputs = chat_inputs(spec.processor, "Describe the image in detail.", images=[sample_image(0)])
+    expected = spec.target.generate(**inputs, do_sample=False, max_new_tokens=16)
+    assert torch.equal(spec.generate(**inputs, max_new_tokens=16), expected)
