@@ -91,3 +91,12 @@ def test_a_4bit_target_decodes_exactly_like_its_own_greedy_generate(saved_pairs)
     inputs = chat_inputs(spec.processor, "Describe the image in detail.", images=[sample_image(0)])
     expected = spec.target.generate(**inputs, do_sample=False, max_new_tokens=16)
     assert torch.equal(spec.generate(**inputs, max_new_tokens=16), expected)
+
+
+def test_device_map_auto_places_both_models_and_decodes_exactly(saved_pairs):
+    target_dir, draft_dir = saved_pairs["qwen3_vl_moe"]
+    spec = SpeculativeVLM.from_pretrained(target_dir, draft_dir, device_map="auto", torch_dtype=torch.float32)
+    assert spec.draft.get_input_embeddings().weight.device == spec.target.get_input_embeddings().weight.device
+    inputs = chat_inputs(spec.processor, "Describe the image in detail.", images=[sample_image(5)])
+    expected = spec.target.generate(**inputs, do_sample=False, max_new_tokens=16)
+    assert torch.equal(spec.generate(**inputs, max_new_tokens=16), expected)
