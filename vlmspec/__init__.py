@@ -3,6 +3,7 @@
 from .engine.stats import SpecStats, StepRecord
 from .errors import BatchSizeError, UnsupportedModelError, VLMSpecError, VocabularyMismatchError
 from .policies import ChainPolicy, SageConfig, SagePolicy, StaticTreePolicy, TreePlan, TreePolicy
+from .pruning import PruningConfig
 from .speculative import SpeculativeVLM
 
 __version__ = "0.1.0"
@@ -10,6 +11,7 @@ __version__ = "0.1.0"
 __all__ = [
     "BatchSizeError",
     "ChainPolicy",
+    "PruningConfig",
     "SageConfig",
     "SagePolicy",
     "SpecStats",

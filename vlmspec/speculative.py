@@ -17,6 +17,7 @@ from .hf.generation import resolve_generation
 from .loading import Quantization, check_tokenizers, load_model
 from .policies import SageConfig, TreePolicy, resolve_policy
 from .processors import load_processor
+from .pruning import PruningConfig, resolve_pruning
 
 _SPECIAL_TOKEN_ATTRIBUTES = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
 
@@ -48,8 +49,10 @@ def check_vocabularies(target: PreTrainedModel, draft: PreTrainedModel, vocab_si
 class SpeculativeVLM:
     """Drop-in for `target.generate` with greedy decoding: same token ids, fewer target forwards.
 
-    `policy` is `"sage"` (default), `"chain"`, `"static-tree"`, a `SageConfig` or a `TreePolicy`. One sequence
-    per call: inputs with batch size > 1 raise `BatchSizeError`.
+    `policy` is `"sage"` (default), `"chain"`, `"static-tree"`, a `SageConfig` or a `TreePolicy`. `pruning`
+    (`"verifier"` by default, `"uniform"`, `"random"`, a `PruningConfig` or None) cuts the visual tokens the draft
+    sees; `prune_ratio` is the share dropped (default 0.9 with video, 0.8 for images). One sequence per call:
+    inputs with batch size > 1 raise `BatchSizeError`.
     """
 
     def __init__(
@@ -58,6 +61,8 @@ class SpeculativeVLM:
         draft: PreTrainedModel,
         policy: str | SageConfig | TreePolicy = "sage",
         *,
+        pruning: str | PruningConfig | None = "verifier",
+        prune_ratio: float | None = None,
         vocab_size: int | None = None,
         processor: Any = None,
     ):
@@ -68,7 +73,10 @@ class SpeculativeVLM:
         self._draft_runner = ModelRunner(adapter_for(draft))
         vocab_limit = check_vocabularies(target, draft, vocab_size)
         self.policy = resolve_policy(policy)
-        self._decoder = SpeculativeDecoder(self._target_runner, self._draft_runner, self.policy, vocab_limit)
+        self.pruning = resolve_pruning(pruning, prune_ratio)
+        self._decoder = SpeculativeDecoder(
+            self._target_runner, self._draft_runner, self.policy, vocab_limit, self.pruning
+        )
         self.last_stats: SpecStats | None = None
 
     @classmethod
@@ -78,6 +86,8 @@ class SpeculativeVLM:
         draft: str,
         *,
         policy: str | SageConfig | TreePolicy = "sage",
+        pruning: str | PruningConfig | None = "verifier",
+        prune_ratio: float | None = None,
         torch_dtype: torch.dtype | str | None = None,
         device_map: Any = None,
         draft_device_map: Any = None,
@@ -99,7 +109,13 @@ class SpeculativeVLM:
         draft_model = load_model(draft, device_map=draft_device_map, quantization=draft_quantization, **common)
         processor = load_processor(target, **hub_kwargs)
         return cls(
-            target_model, draft_model, policy, vocab_size=len(processor.tokenizer), processor=processor
+            target_model,
+            draft_model,
+            policy,
+            pruning=pruning,
+            prune_ratio=prune_ratio,
+            vocab_size=len(processor.tokenizer),
+            processor=processor,
         )
 
     @torch.inference_mode()
@@ -137,7 +153,7 @@ class SpeculativeVLM:
     def __repr__(self) -> str:
         return (
             f"SpeculativeVLM(target={type(self.target).__name__}, draft={type(self.draft).__name__}, "
-            f"policy={self.policy.name})"
+            f"policy={self.policy.name}, pruning={None if self.pruning is None else self.pruning.method})"
         )
 
 

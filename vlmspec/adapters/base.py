@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -12,29 +13,44 @@ from transformers import DynamicCache, PreTrainedModel
 
 @dataclass
 class Prefill:
-    """What a prefill leaves behind: logits of the last prompt token and the position of the next token."""
+    """What a prefill leaves behind: logits of the last prompt token, tokens cached, position of the next token."""
 
     last_logits: torch.Tensor
     length: int
     next_position: int
 
 
+@dataclass
+class VisualLayout:
+    """Where a prompt's visual tokens are: a mask over the prompt and each visual token's group.
+
+    A group is one image or one video frame (temporal patch); tokens of a group are in raster order, so evenly
+    spaced picks within a group are spread over the picture.
+    """
+
+    mask: torch.Tensor
+    groups: torch.Tensor
+
+    @property
+    def positions(self) -> torch.Tensor:
+        """Prompt indices of the visual tokens."""
+        return self.mask.nonzero().squeeze(1)
+
+
 class ModelAdapter(ABC):
-    """Family-specific knowledge: how to prefill a prompt and how to feed positioned, masked tokens."""
+    """Family-specific knowledge: prompt positions, visual token layout, pruned prefill, positioned decoding."""
 
     #: Names of the model classes this adapter serves (matched against the model's class and its bases).
     model_classes: ClassVar[tuple[str, ...]] = ()
     #: The keyword inputs of the family's processor that go to the model (the rest are generation arguments).
     input_keys: ClassVar[tuple[str, ...]] = ("input_ids", "attention_mask")
+    #: Inputs that only shape positions and never reach the model's forward.
+    position_only_keys: ClassVar[tuple[str, ...]] = ()
     #: Modules that `"8bit"`/`"4bit"` presets leave unquantised (vision tower, projector, output head).
     quantization_skip_modules: ClassVar[tuple[str, ...]] = ("lm_head",)
 
     def __init__(self, model: PreTrainedModel):
         self.model = model
-
-    @property
-    def text_config(self) -> Any:
-        return self.model.config.get_text_config()
 
     @property
     def vocab_size(self) -> int:
@@ -48,16 +64,74 @@ class ModelAdapter(ABC):
     def dtype(self) -> torch.dtype:
         return self.model.get_input_embeddings().weight.dtype
 
+    @property
+    def language_model(self) -> torch.nn.Module:
+        return self.model.model.language_model
+
+    def attention_modules(self) -> list[torch.nn.Module]:
+        """The self-attention module of every decoder layer, in order."""
+        return [layer.self_attn for layer in self.language_model.layers]
+
     def new_cache(self) -> DynamicCache:
         return DynamicCache(config=self.model.config)
 
     @abstractmethod
-    def prefill(self, inputs: dict[str, Any], cache: DynamicCache) -> Prefill:
-        """Run the prompt (text and visual inputs as the processor returned them) through the model into `cache`."""
+    def prompt_positions(self, inputs: dict[str, Any]) -> torch.Tensor:
+        """The prompt's `position_ids` exactly as `generate` builds them."""
 
     @abstractmethod
     def position_ids(self, positions: torch.Tensor) -> torch.Tensor:
         """The model's `position_ids` for text tokens at 1-D `positions` (q,)."""
+
+    @abstractmethod
+    def visual_layout(self, inputs: dict[str, Any]) -> VisualLayout:
+        """Which prompt tokens are visual and to which image or frame each belongs."""
+
+    def visual_token_mask(self, input_ids: torch.Tensor) -> torch.Tensor:
+        config = self.model.config
+        ids = [i for i in (getattr(config, "image_token_id", None), getattr(config, "video_token_id", None)) if i is not None]
+        return torch.isin(input_ids[0], torch.tensor(ids, device=input_ids.device))
+
+    def prune_language_model_inputs(self, kwargs: dict[str, Any], keep: torch.Tensor) -> dict[str, Any]:
+        """Cut the language model's prompt inputs down to the kept tokens (`keep`: bool over the prompt)."""
+        kwargs["inputs_embeds"] = kwargs["inputs_embeds"][:, keep]
+        kwargs["position_ids"] = kwargs["position_ids"][..., keep]
+        if isinstance(kwargs.get("attention_mask"), torch.Tensor):
+            kwargs["attention_mask"] = kwargs["attention_mask"][..., keep]
+        return kwargs
+
+    @contextmanager
+    def _pruned(self, keep: torch.Tensor | None):
+        """While active, the language model sees only the kept prompt tokens, each at its original position.
+
+        The model still encodes every image and frame and places the features as it always does; the cut happens
+        at the language model's entrance, so anyres packing, newline tokens and deepstack features need no copy here.
+        """
+        if keep is None:
+            yield
+            return
+
+        def cut(module, args, kwargs):
+            return args, self.prune_language_model_inputs(kwargs, keep)
+
+        handle = self.language_model.register_forward_pre_hook(cut, with_kwargs=True)
+        try:
+            yield
+        finally:
+            handle.remove()
+
+    def prefill(self, inputs: dict[str, Any], cache: DynamicCache, keep: torch.Tensor | None = None) -> Prefill:
+        """Run the prompt into `cache`; with `keep` (bool over the prompt) only those tokens enter the cache."""
+        positions = self.prompt_positions(inputs)
+        model_inputs = {
+            k: inputs[k] for k in self.input_keys if k not in self.position_only_keys and inputs.get(k) is not None
+        }
+        with self._pruned(keep):
+            out = self.model(
+                **model_inputs, position_ids=positions, past_key_values=cache, use_cache=True, logits_to_keep=1
+            )
+        length = inputs["input_ids"].shape[1] if keep is None else int(keep.sum())
+        return Prefill(last_logits=out.logits[0, -1], length=length, next_position=int(positions.max()) + 1)
 
     def decode(
         self, input_ids: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor, cache: DynamicCache
@@ -71,3 +145,10 @@ class ModelAdapter(ABC):
             use_cache=True,
         )
         return out.logits[0]
+
+
+def split_runs(mask: torch.Tensor) -> list[tuple[int, int]]:
+    """(start, end) of each run of True in a 1-D mask."""
+    padded = torch.cat([mask.new_zeros(1), mask.to(torch.int8), mask.new_zeros(1)])
+    edges = padded.diff().nonzero().squeeze(1).tolist()
+    return list(zip(edges[0::2], edges[1::2]))

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
-from transformers import DynamicCache
 
-from .base import ModelAdapter, Prefill
+from .base import ModelAdapter, VisualLayout, split_runs
 
 
 class LlavaOnevisionAdapter(ModelAdapter):
@@ -23,12 +23,27 @@ class LlavaOnevisionAdapter(ModelAdapter):
         "batch_num_images",
     )
 
-    def prefill(self, inputs: dict[str, Any], cache: DynamicCache) -> Prefill:
-        length = inputs["input_ids"].shape[1]
-        positions = torch.arange(length, device=inputs["input_ids"].device)[None]
-        model_inputs = {k: inputs[k] for k in self.input_keys if inputs.get(k) is not None}
-        out = self.model(**model_inputs, position_ids=positions, past_key_values=cache, use_cache=True, logits_to_keep=1)
-        return Prefill(last_logits=out.logits[0, -1], length=length, next_position=length)
+    def prompt_positions(self, inputs: dict[str, Any]) -> torch.Tensor:
+        return torch.arange(inputs["input_ids"].shape[1], device=inputs["input_ids"].device)[None]
 
     def position_ids(self, positions: torch.Tensor) -> torch.Tensor:
         return positions[None]
+
+    def visual_layout(self, inputs: dict[str, Any]) -> VisualLayout:
+        """One group per image (base view, crops and newlines); one per pooled video frame, the final newline last."""
+        input_ids = inputs["input_ids"]
+        mask = self.visual_token_mask(input_ids)
+        vision = self.model.config.vision_config
+        per_frame = math.ceil(vision.image_size // vision.patch_size / 2) ** 2
+        video_id = self.model.config.video_token_id
+        groups, group = [], 0
+        for start, end in split_runs(mask):
+            if int(input_ids[0, start]) == video_id:
+                frames = max(1, (end - start - 1) // per_frame)
+                groups.append(group + (torch.arange(end - start) // per_frame).clamp_max(frames - 1))
+                group += frames
+            else:
+                groups.append(torch.full((end - start,), group))
+                group += 1
+        empty = torch.zeros(0, dtype=torch.long)
+        return VisualLayout(mask, torch.cat(groups).to(input_ids.device) if groups else empty.to(input_ids.device))

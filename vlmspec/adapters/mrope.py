@@ -1,23 +1,24 @@
-"""The Qwen-VL families' shared rule: 3-D M-RoPE positions for the prompt, all three axes advancing together after it."""
+"""The Qwen-VL families' shared rules: 3-D M-RoPE prompt positions and grid-shaped visual tokens."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import torch
-from transformers import DynamicCache
 
-from .base import ModelAdapter, Prefill
+from .base import ModelAdapter, VisualLayout, split_runs
 
 
 class MRopeAdapter(ModelAdapter):
-    """Prefill with the positions `generate` would build (`get_rope_index` when `mm_token_type_ids` is given)."""
+    """Positions as `generate` builds them (`get_rope_index` when `mm_token_type_ids` is given); text after the
+    prompt advances all three axes together."""
 
+    position_only_keys = ("mm_token_type_ids",)
     #: Extra inputs `get_rope_index` reads besides ids, token types, grids and mask (e.g. seconds per grid).
     rope_index_keys: tuple[str, ...] = ()
 
     def prompt_positions(self, inputs: dict[str, Any]) -> torch.Tensor:
-        """`(3, 1, L)` prompt positions: 3-D for visual prompts given `mm_token_type_ids`, else 1-D on all axes."""
+        """`(3, 1, L)`: 3-D for visual prompts given `mm_token_type_ids`, else 1-D on all axes."""
         input_ids = inputs["input_ids"]
         has_visual = inputs.get("image_grid_thw") is not None or inputs.get("video_grid_thw") is not None
         if inputs.get("mm_token_type_ids") is not None and has_visual:
@@ -32,15 +33,30 @@ class MRopeAdapter(ModelAdapter):
             return positions
         return torch.arange(input_ids.shape[1], device=input_ids.device).view(1, 1, -1).expand(3, 1, -1)
 
-    def prefill(self, inputs: dict[str, Any], cache: DynamicCache) -> Prefill:
-        positions = self.prompt_positions(inputs)
-        model_inputs = {k: inputs[k] for k in self.input_keys if k != "mm_token_type_ids" and inputs.get(k) is not None}
-        out = self.model(**model_inputs, position_ids=positions, past_key_values=cache, use_cache=True, logits_to_keep=1)
-        return Prefill(
-            last_logits=out.logits[0, -1],
-            length=inputs["input_ids"].shape[1],
-            next_position=int(positions.max()) + 1,
-        )
-
     def position_ids(self, positions: torch.Tensor) -> torch.Tensor:
         return positions.view(1, 1, -1).expand(3, 1, -1)
+
+    def visual_layout(self, inputs: dict[str, Any]) -> VisualLayout:
+        """One group per image; one per temporal patch of a video, sized from `video_grid_thw`."""
+        input_ids = inputs["input_ids"]
+        mask = self.visual_token_mask(input_ids)
+        merge = self.model.config.vision_config.spatial_merge_size**2
+        video_grids = inputs.get("video_grid_thw")
+        frame_sizes = [] if video_grids is None else [(int(t), int(h * w) // merge) for t, h, w in video_grids.tolist()]
+        video_id = self.model.config.video_token_id
+        groups, group, video, video_left = [], 0, 0, None
+        for start, end in split_runs(mask):
+            if int(input_ids[0, start]) != video_id:
+                groups.append(torch.full((end - start,), group))
+                group += 1
+                continue
+            if video_left is None:
+                video_left = frame_sizes[video][0] * frame_sizes[video][1]
+            per_frame = frame_sizes[video][1]
+            groups.append(group + torch.arange(end - start) // per_frame)
+            group += (end - start + per_frame - 1) // per_frame
+            video_left -= end - start
+            if video_left <= 0:
+                video, video_left = video + 1, None
+        empty = torch.zeros(0, dtype=torch.long)
+        return VisualLayout(mask, torch.cat(groups).to(input_ids.device) if groups else empty.to(input_ids.device))

@@ -1,10 +1,14 @@
 """Qwen3-VL and Qwen3-VL-MoE: interleaved M-RoPE, per-frame video blocks with timestamps, deepstack features.
 
-Deepstack visual features enter early decoder layers only while the prompt is prefilled, so decoding tree nodes
-needs nothing beyond the shared M-RoPE rule. A dense Qwen3-VL drafts for a Qwen3-VL-MoE target.
+Deepstack visual features enter early decoder layers at the visual positions; a pruned prefill keeps the rows of
+the kept visual tokens. A dense Qwen3-VL drafts for a Qwen3-VL-MoE target.
 """
 
 from __future__ import annotations
+
+from typing import Any
+
+import torch
 
 from .mrope import MRopeAdapter
 
@@ -21,3 +25,11 @@ class Qwen3VLAdapter(MRopeAdapter):
         "video_grid_thw",
         "mm_token_type_ids",
     )
+
+    def prune_language_model_inputs(self, kwargs: dict[str, Any], keep: torch.Tensor) -> dict[str, Any]:
+        visual = kwargs.get("visual_pos_masks")
+        if visual is not None and kwargs.get("deepstack_visual_embeds") is not None:
+            kept_visual = keep[visual[0]]
+            kwargs["deepstack_visual_embeds"] = [e[kept_visual] for e in kwargs["deepstack_visual_embeds"]]
+            kwargs["visual_pos_masks"] = visual[:, keep]
+        return super().prune_language_model_inputs(kwargs, keep)

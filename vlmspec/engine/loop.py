@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..policies import TreePolicy
+from ..pruning import PruningConfig, VerifierScores
 from .choice import GreedyChoice
 from .draft import Drafter
 from .runner import ModelRunner
@@ -70,10 +72,18 @@ class TokenSink:
 class SpeculativeDecoder:
     """Lossless tree speculative decoding of one sequence with a target, a draft and a tree policy."""
 
-    def __init__(self, target: ModelRunner, draft: ModelRunner, policy: TreePolicy, vocab_limit: int):
+    def __init__(
+        self,
+        target: ModelRunner,
+        draft: ModelRunner,
+        policy: TreePolicy,
+        vocab_limit: int,
+        pruning: PruningConfig | None = None,
+    ):
         self.target = target
         self.draft = draft
         self.policy = policy
+        self.pruning = pruning
         self.drafter = Drafter(draft, vocab_limit)
 
     def run(
@@ -94,16 +104,27 @@ class SpeculativeDecoder:
         return sink.sequence, stats
 
     def _decode(self, target_inputs, draft_inputs, settings, sink, stats, timer) -> None:
-        target, draft, policy = self.target, self.draft, self.policy
-        with timer("target_prefill"):
+        target, draft, policy, pruning = self.target, self.draft, self.policy, self.pruning
+        layout = target.adapter.visual_layout(target_inputs) if pruning is not None else None
+        prune = layout is not None and bool(layout.mask.any())
+        scorer = VerifierScores(target.adapter, layout, pruning.layers) if prune and pruning.method == "verifier" else None
+        with timer("target_prefill"), scorer or nullcontext():
             logits = target.prefill(target_inputs)
             first = settings.choice.first(logits, sink.sequence)
         stats.target_prefill_tokens = target.length
+        if scorer is not None:
+            stats.phase_seconds["target_prefill"] -= scorer.seconds
+            stats.phase_seconds["pruning"] += scorer.seconds
         sink.emit(first[None])
         if sink.finished:
             return
+        keep = None
+        if prune:
+            with timer("pruning"):
+                has_video = target_inputs.get("pixel_values_videos") is not None
+                keep = pruning.keep_mask(layout, has_video, None if scorer is None else scorer.scores).to(draft.device)
         with timer("draft_prefill"):
-            draft.prefill(draft_inputs)
+            draft.prefill(draft_inputs, keep)
         stats.draft_prefill_tokens = draft.length
         policy.reset()
         pending = first[None].to(draft.device)

@@ -30,11 +30,11 @@ class ModelRunner:
         self.device = self.adapter.device
         self.dtype = self.adapter.dtype
 
-    def prefill(self, inputs: dict[str, Any]) -> torch.Tensor:
-        """Run the prompt; returns the last prompt token's logits."""
+    def prefill(self, inputs: dict[str, Any], keep: torch.Tensor | None = None) -> torch.Tensor:
+        """Run the prompt (only the `keep` tokens, if given); returns the last prompt token's logits."""
         self.refresh()
         self.cache = self.adapter.new_cache()
-        result = self.adapter.prefill(inputs, self.cache)
+        result = self.adapter.prefill(inputs, self.cache, keep)
         check_cache(self.cache)
         self.length = result.length
         self.offset = result.next_position - result.length
