@@ -1,7 +1,21 @@
 """vlmspec: lossless speculative decoding for vision-language models, with entropy-adaptive draft trees (SAGE)."""
 
+from .api import generate, load_pair
 from .engine.stats import SpecStats, StepRecord
-from .errors import BatchSizeError, UnsupportedModelError, VLMSpecError, VocabularyMismatchError
+from .errors import (
+    BatchSizeError,
+    ContextTooLongError,
+    EmptyPromptError,
+    MediaNotFoundError,
+    NoFramesError,
+    NotAnImageError,
+    PlaceholderMismatchError,
+    UnreadableVideoError,
+    UnsupportedMediaError,
+    UnsupportedModelError,
+    VLMSpecError,
+    VocabularyMismatchError,
+)
 from .policies import ChainPolicy, SageConfig, SagePolicy, StaticTreePolicy, TreePlan, TreePolicy
 from .pruning import PruningConfig
 from .speculative import SpeculativeVLM
@@ -11,6 +25,14 @@ __version__ = "0.1.0"
 __all__ = [
     "BatchSizeError",
     "ChainPolicy",
+    "ContextTooLongError",
+    "EmptyPromptError",
+    "MediaNotFoundError",
+    "NoFramesError",
+    "NotAnImageError",
+    "PlaceholderMismatchError",
+    "UnreadableVideoError",
+    "UnsupportedMediaError",
     "PruningConfig",
     "SageConfig",
     "SagePolicy",
@@ -23,4 +45,6 @@ __all__ = [
     "UnsupportedModelError",
     "VLMSpecError",
     "VocabularyMismatchError",
+    "generate",
+    "load_pair",
 ]

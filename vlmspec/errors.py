@@ -17,3 +17,35 @@ class VocabularyMismatchError(VLMSpecError, ValueError):
 
 class BatchSizeError(VLMSpecError, ValueError):
     """The inputs hold more than one sequence; speculative decoding here runs one sequence at a time."""
+
+
+class MediaNotFoundError(VLMSpecError, FileNotFoundError):
+    """An image or video path does not exist."""
+
+
+class UnsupportedMediaError(VLMSpecError, ValueError):
+    """A file whose extension is neither a supported image nor a supported video format."""
+
+
+class NotAnImageError(VLMSpecError, ValueError):
+    """A file or object that cannot be decoded as an image."""
+
+
+class UnreadableVideoError(VLMSpecError, ValueError):
+    """A video file that cannot be opened or decoded (corrupt, truncated, not a video)."""
+
+
+class NoFramesError(VLMSpecError, ValueError):
+    """A video with no decodable frames, or a frame range that selects none."""
+
+
+class EmptyPromptError(VLMSpecError, ValueError):
+    """A prompt that is empty or only whitespace."""
+
+
+class PlaceholderMismatchError(VLMSpecError, ValueError):
+    """A prompt whose `<image>`/`<video>` placeholders do not match the media given."""
+
+
+class ContextTooLongError(VLMSpecError, ValueError):
+    """The prompt plus the requested new tokens exceed the model's context length."""

@@ -16,13 +16,15 @@ import torch
 from PIL import Image
 from transformers import BatchFeature, ProcessorMixin
 
+from .media import Video, load_video
+
 
 class VideoPacker(Protocol):
+    """Turns one video into the model's tensors and the prompt text that replaces the template's `marker`."""
+
     marker: str
 
-    def __call__(
-        self, frames: np.ndarray, fps: float, frame_indices: Sequence[int] | None = None
-    ) -> tuple[dict[str, torch.Tensor], str]: ...
+    def __call__(self, video: Video) -> tuple[dict[str, torch.Tensor], str]: ...
 
     def collate(self, packed: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]: ...
 
@@ -75,21 +77,27 @@ class VisualInputs:
         self,
         text: str,
         images: Sequence[Image.Image] | None = None,
-        videos: Sequence[np.ndarray] | None = None,
+        videos: Sequence[Video | np.ndarray] | None = None,
         video_fps: float = 2.0,
     ) -> BatchFeature:
+        """`videos` are `Video`s (frames with their source indices and frame rate) or frame arrays at `video_fps`."""
+        videos = [load_video(v, source_fps=video_fps) for v in videos or []]
         video_inputs: dict[str, torch.Tensor] = {}
         if videos and self.video_packer is None:
             return self.processor(
-                text=[text], images=list(images) if images else None, videos=[np.asarray(v) for v in videos],
-                return_tensors="pt", fps=video_fps, do_sample_frames=False,
+                text=[text],
+                images=list(images) if images else None,
+                videos=[v.frames for v in videos],
+                return_tensors="pt",
+                fps=videos[0].sample_fps,
+                do_sample_frames=False,
             )
         if videos:
             marker = self.video_packer.marker
             parts = text.split(marker)
             if len(parts) - 1 != len(videos):
                 raise ValueError(f"the prompt has {len(parts) - 1} video placeholders ({marker}) for {len(videos)} videos")
-            packed = [self.video_packer(np.asarray(v), video_fps) for v in videos]
+            packed = [self.video_packer(v) for v in videos]
             text = parts[0] + "".join(placeholder + part for (_, placeholder), part in zip(packed, parts[1:]))
             video_inputs = self.video_packer.collate([tensors for tensors, _ in packed])
         inputs = self.processor(text=[text], images=list(images) if images else None, return_tensors="pt")

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .media import Video
 from .qwen_video import QwenVideoPatcher
 
 
@@ -24,20 +25,18 @@ class QwenVideoPacker:
         self.patcher = patcher
         self.timestamps = timestamps
 
-    def __call__(
-        self, frames: np.ndarray, fps: float, frame_indices: Sequence[int] | None = None
-    ) -> tuple[dict[str, torch.Tensor], str]:
-        out = self.patcher(frames)
+    def __call__(self, video: Video) -> tuple[dict[str, torch.Tensor], str]:
+        out = self.patcher(video.frames)
         grid_t, grid_h, grid_w = out["video_grid_thw"][0].tolist()
         per_frame = grid_h * grid_w // self.patcher.merge_size**2
         start, pad, end = "<|vision_start|>", "<|video_pad|>", "<|vision_end|>"
         if not self.timestamps:
-            out["second_per_grid_ts"] = torch.tensor([self.patcher.temporal_patch_size / fps])
+            out["second_per_grid_ts"] = torch.tensor([self.patcher.temporal_patch_size / video.sample_fps])
             return out, start + pad * (per_frame * grid_t) + end
-        indices = list(frame_indices) if frame_indices is not None else list(range(len(frames)))
+        indices = video.indices.tolist()
         step = self.patcher.temporal_patch_size
         indices += [indices[-1]] * (-len(indices) % step)
-        seconds = [(indices[i] + indices[i + step - 1]) / 2 / fps for i in range(0, len(indices), step)]
+        seconds = [(indices[i] + indices[i + step - 1]) / 2 / video.fps for i in range(0, len(indices), step)]
         return out, "".join(f"<{s:.1f} seconds>{start}{pad * per_frame}{end}" for s in seconds)
 
     @staticmethod
@@ -56,14 +55,12 @@ class LlavaOnevisionVideoPacker:
         self.std = torch.tensor(image_std).view(1, 3, 1, 1)
         self.num_image_tokens = num_image_tokens
 
-    def __call__(
-        self, frames: np.ndarray, fps: float, frame_indices: Sequence[int] | None = None
-    ) -> tuple[dict[str, torch.Tensor], str]:
-        video = torch.as_tensor(np.asarray(frames)).permute(0, 3, 1, 2).float()
-        video = F.interpolate(video, size=(self.size, self.size), mode="bicubic", antialias=True, align_corners=False)
-        video = (video.round().clamp(0, 255) / 255.0 - self.mean) / self.std
+    def __call__(self, video: Video) -> tuple[dict[str, torch.Tensor], str]:
+        frames = torch.as_tensor(np.asarray(video.frames)).permute(0, 3, 1, 2).float()
+        frames = F.interpolate(frames, size=(self.size, self.size), mode="bicubic", antialias=True, align_corners=False)
+        frames = (frames.round().clamp(0, 255) / 255.0 - self.mean) / self.std
         pooled = math.ceil(int(math.sqrt(self.num_image_tokens)) / 2)
-        return {"pixel_values_videos": video[None]}, self.marker * (video.shape[0] * pooled * pooled + 1)
+        return {"pixel_values_videos": frames[None]}, self.marker * (frames.shape[0] * pooled * pooled + 1)
 
     @staticmethod
     def collate(packed: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

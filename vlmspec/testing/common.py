@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..processors import VisualInputs
+from ..processors import VisualInputs, chat_messages
 
 
 def sharpen(model: torch.nn.Module, logit_scale: float) -> torch.nn.Module:
@@ -54,9 +54,6 @@ def chat_inputs(
 ) -> dict[str, Any]:
     """Model inputs for one user turn (images, then an optional video, then the prompt) with the chat template."""
     images = images or []
-    content = [{"type": "image"} for _ in images]
-    if video is not None:
-        content.append({"type": "video"})
-    content.append({"type": "text", "text": prompt})
-    text = processor.apply_chat_template([{"role": "user", "content": content}])
-    return dict(processor(text, images=images, videos=None if video is None else [video], video_fps=video_fps))
+    videos = [] if video is None else [video]
+    text = processor.apply_chat_template(chat_messages(prompt, len(images), len(videos)))
+    return dict(processor(text, images=images, videos=videos, video_fps=video_fps))

@@ -1,0 +1,118 @@
+"""`vlmspec.generate`: a prompt and media in, text out, with the model pair loaded once per process."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .demo_models import demo_pair
+from .engine.stats import SpecStats
+from .errors import ContextTooLongError
+from .processors import chat_messages, load_images, load_videos
+from .speculative import SpeculativeVLM
+
+_PAIRS: dict[tuple, SpeculativeVLM] = {}
+
+
+def load_pair(model: str | None = None, draft: str | None = None, **load_kwargs: Any) -> SpeculativeVLM:
+    """The pair for `model`/`draft` (hub ids or paths), loaded on first use and cached for the process.
+
+    With neither given, the bundled demo pair.
+    """
+    if model is None and draft is None:
+        pair = demo_pair()
+        if pair is None:
+            raise ValueError(
+                "no model given and the bundled demo pair is not installed: pass model=... and draft=... "
+                "(hub ids or local directories of a supported VLM and its draft)"
+            )
+        model, draft = pair
+    if model is None or draft is None:
+        raise ValueError(f"pass both model= and draft= (got model={model!r}, draft={draft!r})")
+    key = (str(model), str(draft), tuple(sorted((k, repr(v)) for k, v in load_kwargs.items() if v is not None)))
+    if key not in _PAIRS:
+        _PAIRS[key] = SpeculativeVLM.from_pretrained(str(model), str(draft), **load_kwargs)
+    return _PAIRS[key]
+
+
+def generate(
+    prompt: str | list[str],
+    images: Any = None,
+    videos: Any = None,
+    *,
+    model: str | None = None,
+    draft: str | None = None,
+    max_new_tokens: int = 128,
+    return_stats: bool = False,
+    policy: Any = "sage",
+    pruning: Any = "verifier",
+    prune_ratio: float | None = None,
+    num_frames: int | None = None,
+    fps: float | None = None,
+    max_frames: int | None = None,
+    start: float | None = None,
+    end: float | None = None,
+    torch_dtype: torch.dtype | str | None = None,
+    device_map: Any = None,
+    target_quantization: Any = None,
+    draft_quantization: Any = None,
+    **options: Any,
+) -> str | list[str] | tuple[str | list[str], SpecStats | list[SpecStats]]:
+    """Describe images and videos with a target VLM, sped up by its draft; returns exactly the target's greedy text.
+
+    `images` and `videos` take paths, URLs, PIL images, arrays, tensors (and, for videos, lists of frames). Given a
+    list of prompts, the media are shared by all of them, or given per prompt as a list of the same length; the
+    result is then a list. Videos are sampled with `num_frames`, or `fps` capped by `max_frames`, between `start`
+    and `end` seconds. Other keyword arguments go to `SpeculativeVLM.generate` (e.g. `min_new_tokens`).
+    """
+    spec = load_pair(
+        model,
+        draft,
+        torch_dtype=torch_dtype,
+        device_map=device_map,
+        target_quantization=target_quantization,
+        draft_quantization=draft_quantization,
+    )
+    runner = SpeculativeVLM(
+        spec.target,
+        spec.draft,
+        policy,
+        pruning=pruning,
+        prune_ratio=prune_ratio,
+        vocab_size=len(spec.processor.tokenizer),
+        processor=spec.processor,
+    )
+    prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+    sampling = dict(num_frames=num_frames, fps=fps, max_frames=max_frames, start=start, end=end)
+    texts, stats = [], []
+    for i, text in enumerate(prompts):
+        image_list = load_images(_for_prompt(images, i, len(prompts)))
+        video_list = load_videos(_for_prompt(videos, i, len(prompts)), **sampling)
+        texts.append(_generate_one(runner, text, image_list, video_list, max_new_tokens, options))
+        stats.append(runner.last_stats)
+    if isinstance(prompt, str):
+        return (texts[0], stats[0]) if return_stats else texts[0]
+    return (texts, stats) if return_stats else texts
+
+
+def _for_prompt(media: Any, index: int, count: int) -> Any:
+    """This prompt's media: shared media, or its entry of a per-prompt list."""
+    if count > 1 and isinstance(media, (list, tuple)) and len(media) == count:
+        return media[index]
+    return media
+
+
+def _generate_one(spec: SpeculativeVLM, prompt: str, images: list, videos: list, max_new_tokens: int, options: dict) -> str:
+    processor = spec.processor
+    text = processor.apply_chat_template(chat_messages(prompt, len(images), len(videos)))
+    inputs = dict(processor(text, images=images, videos=videos))
+    limit = getattr(spec.target.config.get_text_config(), "max_position_embeddings", None)
+    length = inputs["input_ids"].shape[1]
+    if limit is not None and length + max_new_tokens > limit:
+        raise ContextTooLongError(
+            f"the prompt takes {length} tokens and max_new_tokens is {max_new_tokens}: {length + max_new_tokens} "
+            f"exceeds the model's context of {limit} tokens (fewer frames, smaller images or fewer new tokens fit)"
+        )
+    ids = spec.generate(**inputs, max_new_tokens=max_new_tokens, **options)
+    return processor.tokenizer.decode(ids[0, length:], skip_special_tokens=True)

@@ -1,0 +1,240 @@
+"""Images and videos in: paths, URLs, PIL images, arrays, tensors and frame lists, with clear errors.
+
+Videos are decoded with decord and sampled uniformly (`num_frames`) or at a rate (`fps`, capped by
+`max_frames`), optionally between `start` and `end` seconds; the sampled frame indices and the native frame rate
+travel with the frames, so processors that use timestamps (Qwen) get them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image, UnidentifiedImageError
+
+from ..errors import MediaNotFoundError, NoFramesError, NotAnImageError, UnreadableVideoError, UnsupportedMediaError
+
+IMAGE_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff"})
+VIDEO_EXTENSIONS = frozenset({".mp4", ".mkv", ".avi", ".mov", ".webm", ".m4v", ".mpeg", ".mpg", ".flv", ".wmv"})
+
+#: Sampling used when a video is given with neither `num_frames` nor `fps`.
+DEFAULT_FPS = 2.0
+DEFAULT_MAX_FRAMES = 64
+
+
+@dataclass
+class Video:
+    """Decoded frames `(T, H, W, 3)` uint8, the source frame index of each, and the source's frame rate."""
+
+    frames: np.ndarray
+    indices: np.ndarray
+    fps: float
+    source: str = "<frames>"
+
+    @property
+    def timestamps(self) -> np.ndarray:
+        """Seconds from the start of the source for each frame."""
+        return self.indices / self.fps
+
+    @property
+    def sample_fps(self) -> float:
+        """Frames per second of the sampled sequence."""
+        if len(self.indices) < 2:
+            return self.fps
+        return self.fps / float(np.mean(np.diff(self.indices)))
+
+
+def media_kind(path: str | os.PathLike) -> str:
+    """`"image"` or `"video"` from the file extension; a clear error for anything else."""
+    suffix = Path(path).suffix.lower()
+    if suffix in IMAGE_EXTENSIONS:
+        return "image"
+    if suffix in VIDEO_EXTENSIONS:
+        return "video"
+    raise UnsupportedMediaError(
+        f"{path}: unsupported file type {suffix or '(no extension)'}; images: {', '.join(sorted(IMAGE_EXTENSIONS))}; "
+        f"videos: {', '.join(sorted(VIDEO_EXTENSIONS))}"
+    )
+
+
+def _existing(path: str | os.PathLike) -> str:
+    if not os.path.exists(path):
+        raise MediaNotFoundError(f"{path}: no such file")
+    return str(path)
+
+
+def load_image(source: Any) -> Image.Image:
+    """An RGB PIL image from a path, an http(s) URL, a PIL image, an (H, W, C) array or a (C, H, W) tensor."""
+    if isinstance(source, Image.Image):
+        return source.convert("RGB")
+    if isinstance(source, torch.Tensor):
+        source = source.detach().cpu()
+        if source.ndim == 3 and source.shape[0] in (1, 3, 4) and source.shape[-1] not in (1, 3, 4):
+            source = source.permute(1, 2, 0)
+        source = source.numpy()
+    if isinstance(source, np.ndarray):
+        return _image_from_array(source)
+    if isinstance(source, (str, os.PathLike)):
+        text = str(source)
+        if text.startswith(("http://", "https://")):
+            from transformers.image_utils import load_image as load_url
+
+            try:
+                return load_url(text).convert("RGB")
+            except Exception as error:
+                raise NotAnImageError(f"{text}: could not load an image ({error})") from error
+        if media_kind(_existing(text)) != "image":
+            raise UnsupportedMediaError(f"{text}: a video was given where an image is expected")
+        try:
+            with Image.open(text) as image:
+                return image.convert("RGB")
+        except (UnidentifiedImageError, OSError, SyntaxError) as error:
+            raise NotAnImageError(f"{text}: not a readable image ({error})") from error
+    raise NotAnImageError(f"cannot make an image from a {type(source).__name__}")
+
+
+def _image_from_array(array: np.ndarray) -> Image.Image:
+    if array.ndim == 2:
+        array = array[..., None].repeat(3, axis=-1)
+    if array.ndim != 3 or array.shape[-1] not in (1, 3, 4):
+        raise NotAnImageError(f"an image array must be (H, W), (H, W, 3) or (H, W, 4); got shape {array.shape}")
+    if array.dtype != np.uint8:
+        array = np.clip(array * (255.0 if array.max() <= 1.0 else 1.0), 0, 255).astype(np.uint8)
+    if array.shape[-1] == 1:
+        array = array.repeat(3, axis=-1)
+    return Image.fromarray(array).convert("RGB")
+
+
+def sample_indices(
+    total: int,
+    native_fps: float,
+    num_frames: int | None = None,
+    fps: float | None = None,
+    max_frames: int | None = None,
+    start: float | None = None,
+    end: float | None = None,
+) -> np.ndarray:
+    """Frame indices to decode: `num_frames` evenly spread, or one every 1/`fps` seconds (at most `max_frames`).
+
+    `start`/`end` (seconds) bound the range. With neither `num_frames` nor `fps`, 2 frames per second, at most 64.
+    """
+    if num_frames is not None and fps is not None:
+        raise ValueError("num_frames and fps are exclusive: pass one of them")
+    first = 0 if start is None else max(0, math.floor(start * native_fps))
+    last = total - 1 if end is None else min(total - 1, math.ceil(end * native_fps) - 1)
+    if total <= 0 or last < first:
+        raise NoFramesError(f"no frames between {start or 0}s and {end if end is not None else 'the end'} of {total} frames")
+    if num_frames is None:
+        fps = DEFAULT_FPS if fps is None else fps
+        max_frames = DEFAULT_MAX_FRAMES if max_frames is None else max_frames
+        if fps <= 0:
+            raise ValueError(f"fps must be positive, got {fps}")
+        indices = np.arange(first, last + 1, native_fps / fps)
+        if len(indices) <= max_frames:
+            return np.unique(np.round(indices).astype(np.int64).clip(first, last))
+        num_frames = max_frames
+    if num_frames < 1:
+        raise ValueError(f"num_frames must be at least 1, got {num_frames}")
+    return np.round(np.linspace(first, last, num_frames)).astype(np.int64)
+
+
+def load_video(
+    source: Any,
+    num_frames: int | None = None,
+    fps: float | None = None,
+    max_frames: int | None = None,
+    start: float | None = None,
+    end: float | None = None,
+    source_fps: float = DEFAULT_FPS,
+) -> Video:
+    """A sampled `Video` from a path (decord), a `Video`, a `(T, H, W, 3)` array/tensor or a list of frames.
+
+    Frames given directly are taken as they are, at `source_fps` frames per second.
+    """
+    if isinstance(source, Video):
+        return source
+    if isinstance(source, (str, os.PathLike)):
+        return _decode(str(source), num_frames, fps, max_frames, start, end)
+    if isinstance(source, torch.Tensor):
+        source = source.detach().cpu().numpy()
+    if isinstance(source, (list, tuple)):
+        if not source:
+            raise NoFramesError("an empty list of frames was given as a video")
+        source = np.stack([np.asarray(load_image(frame)) for frame in source])
+    if isinstance(source, np.ndarray):
+        if source.ndim != 4 or source.shape[-1] != 3:
+            raise ValueError(f"a video array must have shape (T, H, W, 3); got {source.shape}")
+        if source.shape[0] == 0:
+            raise NoFramesError("a video array with no frames was given")
+        return Video(source.astype(np.uint8, copy=False), np.arange(source.shape[0]), float(source_fps))
+    raise UnreadableVideoError(f"cannot make a video from a {type(source).__name__}")
+
+
+def _decode(path: str, num_frames, fps, max_frames, start, end) -> Video:
+    if media_kind(_existing(path)) != "video":
+        raise UnsupportedMediaError(f"{path}: an image was given where a video is expected")
+    import decord
+
+    try:
+        reader = decord.VideoReader(path, ctx=decord.cpu(0))
+    except Exception as error:
+        if "cannot find video stream" in str(error):
+            raise NoFramesError(f"{path}: no video stream with decodable frames") from error
+        raise UnreadableVideoError(f"{path}: cannot open the video (corrupt, truncated or not a video)") from error
+    total = len(reader)
+    if total == 0:
+        raise NoFramesError(f"{path}: the video has no frames")
+    native_fps = float(reader.get_avg_fps()) or DEFAULT_FPS
+    try:
+        indices = sample_indices(total, native_fps, num_frames, fps, max_frames, start, end)
+    except NoFramesError as error:
+        raise NoFramesError(f"{path}: {error}") from None
+    try:
+        frames = reader.get_batch(indices.tolist()).asnumpy()
+    except Exception as error:
+        raise UnreadableVideoError(f"{path}: decoding failed ({error})") from error
+    if frames.shape[0] == 0:
+        raise NoFramesError(f"{path}: no frames could be decoded")
+    return Video(frames, indices, native_fps, path)
+
+
+def load_images(sources: Any) -> list[Image.Image]:
+    """A list of RGB images from one source or a sequence of sources."""
+    if sources is None:
+        return []
+    if isinstance(sources, (list, tuple)):
+        return [load_image(s) for s in sources]
+    return [load_image(sources)]
+
+
+def load_videos(sources: Any, **sampling: Any) -> list[Video]:
+    """A list of videos from one source or a sequence of sources (a list of arrays counts as several videos)."""
+    if sources is None:
+        return []
+    if isinstance(sources, (list, tuple)) and sources and not _is_frame(sources[0]):
+        return [load_video(s, **sampling) for s in sources]
+    return [load_video(sources, **sampling)]
+
+
+def _is_frame(item: Any) -> bool:
+    """A single frame (PIL image or (H, W, 3) array), as opposed to a whole video."""
+    return isinstance(item, Image.Image) or (isinstance(item, (np.ndarray, torch.Tensor)) and item.ndim == 3)
+
+
+__all__: Sequence[str] = (
+    "IMAGE_EXTENSIONS",
+    "VIDEO_EXTENSIONS",
+    "Video",
+    "load_image",
+    "load_images",
+    "load_video",
+    "load_videos",
+    "media_kind",
+    "sample_indices",
+)
