@@ -1,0 +1,68 @@
+"""The synthetic suite, caption scoring and the benchmark harness."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from vlmspec import SpeculativeVLM
+from vlmspec.eval.accuracy import score_caption
+from vlmspec.eval.bench import METHODS, autocorrelation, run_bench, write_report
+from vlmspec.eval.synthetic import HELD_OUT_BASE, VIDEO_FRAMES, items, make_item
+
+
+def test_items_are_deterministic_per_seed():
+    a, b = make_item(7), make_item(7)
+    assert a.caption == b.caption
+    assert np.array_equal(a.video, b.video)
+
+
+def test_captions_are_long_and_state_the_scene():
+    for item in items("train", 6):
+        words = len(item.caption.split())
+        assert 40 <= words <= 200
+        score = score_caption(item, item.caption)
+        assert score.count_correct and score.pair_recall == 1.0 and score.pair_precision == 1.0
+
+
+def test_splits_do_not_overlap_and_alternate_kinds():
+    train, held_out = items("train", 4), items("held-out", 4)
+    assert all(i.seed < HELD_OUT_BASE <= j.seed for i in train for j in held_out)
+    assert [i.kind for i in held_out] == ["image", "video", "image", "video"]
+    assert held_out[1].video.shape[0] == VIDEO_FRAMES
+
+
+def test_videos_show_motion():
+    item = next(i for i in items("held-out", 20) if i.kind == "video" and any(s.motion != "still" for s in i.shapes))
+    assert not np.array_equal(item.video[0], item.video[-1])
+
+
+def test_a_wrong_caption_scores_low():
+    item = make_item(2)
+    wrong = "We see one coloured shapes placed on a grey background. First, a small white circle sits at the top."
+    score = score_caption(item, wrong)
+    assert not score.count_correct and score.pair_recall == 0.0
+
+
+def test_autocorrelation_of_a_smooth_series_is_high():
+    series = [np.sin(np.linspace(0, 6, 200)) + 2]
+    assert autocorrelation(series, max_lag=3)[0] > 0.99
+
+
+def test_bench_runs_every_method_on_the_same_inputs(tmp_path, qwen):
+    spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"], processor=qwen.processor)
+    results = run_bench(spec, "image", list(METHODS), n=2, max_new_tokens=8, progress=False)
+    assert list(results["methods"]) == list(METHODS)
+    for name, method in results["methods"].items():
+        assert method["tokens_per_s"] > 0
+        if name != "ar":
+            assert method["exact_match"] == 1.0
+            assert method["tau"] is not None
+    assert results["methods"]["ar"]["speedup"] == pytest.approx(1.0)
+    write_report(results, tmp_path, "vlmspec bench --suite image --n 2")
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert set(saved["methods"]["sage"]) >= {"tau", "tokens_per_s", "speedup", "exact_match"}
+    for name in ("results.md", "speedup.png", "tau_distribution.png", "entropy_autocorrelation.png", "sage_steps.png"):
+        assert (tmp_path / name).stat().st_size > 0

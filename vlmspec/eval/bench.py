@@ -1,0 +1,221 @@
+"""`vlmspec bench`: every method on the same inputs in one process, against plain greedy `generate`.
+
+Methods: `ar` (target.generate), `hf-assisted` (target.generate with the draft as `assistant_model`), `chain`,
+`static-tree`, `specvlm` (verifier pruning + static tree), `sage` (verifier pruning + SAGE). Each method is warmed
+up on the first item, then timed on all items. Speedup is tokens per second relative to `ar` in the same run;
+exact_match the share of items whose ids equal `ar`'s.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from ..engine.stats import PHASES
+from ..processors import chat_messages
+from ..speculative import SpeculativeVLM
+from .synthetic import VIDEO_FPS, items
+
+METHODS = ("ar", "hf-assisted", "chain", "static-tree", "specvlm", "sage")
+_SPEC_METHODS = {
+    "chain": ("chain", None),
+    "static-tree": ("static-tree", None),
+    "specvlm": ("static-tree", "verifier"),
+    "sage": ("sage", "verifier"),
+}
+
+
+@dataclass
+class MethodRun:
+    """What one method did over the suite."""
+
+    seconds: float = 0.0
+    new_tokens: int = 0
+    taus: list[float] = field(default_factory=list)
+    exact: list[bool] = field(default_factory=list)
+    phase_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    steps: list[list[dict[str, Any]]] = field(default_factory=list)
+
+    def summary(self, ar_tokens_per_s: float) -> dict[str, Any]:
+        tokens_per_s = self.new_tokens / self.seconds if self.seconds else 0.0
+        return {
+            "tau": float(np.mean(self.taus)) if self.taus else None,
+            "tokens_per_s": tokens_per_s,
+            "speedup": tokens_per_s / ar_tokens_per_s if ar_tokens_per_s else None,
+            "exact_match": float(np.mean(self.exact)) if self.exact else None,
+            "new_tokens": self.new_tokens,
+            "seconds": self.seconds,
+            "phase_seconds": self.phase_seconds if any(self.phase_seconds.values()) else None,
+        }
+
+
+class ForwardCounter:
+    """Counts a model's forward calls (HF assisted generation reports no acceptance; this recovers it)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.calls = 0
+        self.handle = model.register_forward_pre_hook(self._count)
+
+    def _count(self, *_):
+        self.calls += 1
+
+
+def suite_inputs(processor, suite: str, n: int) -> list[dict[str, torch.Tensor]]:
+    """Processed held-out items of one kind."""
+    chosen = [i for i in items("held-out", 4 * n + 2) if i.kind == suite][:n]
+    inputs = []
+    for item in chosen:
+        images, videos = ([item.image], []) if suite == "image" else ([], [item.video])
+        text = processor.apply_chat_template(chat_messages(item.prompt, len(images), len(videos)))
+        inputs.append(dict(processor(text, images=images, videos=videos, video_fps=VIDEO_FPS)))
+    return inputs
+
+
+def top_k_entropy(scores: tuple[torch.Tensor, ...], k: int = 10) -> np.ndarray:
+    """Per generated token, the entropy of the target's renormalised top-k distribution."""
+    values = []
+    for step in scores:
+        p = torch.softmax(step[0].float().topk(k).values, dim=-1)
+        values.append(float(-(p * p.clamp_min(1e-30).log()).sum()))
+    return np.array(values)
+
+
+def autocorrelation(series: list[np.ndarray], max_lag: int = 10) -> list[float]:
+    """Pearson correlation of entropy at step t and t + lag, pooled over items, for lags 1..max_lag."""
+    out = []
+    for lag in range(1, max_lag + 1):
+        a = np.concatenate([s[:-lag] for s in series if len(s) > lag] or [np.zeros(0)])
+        b = np.concatenate([s[lag:] for s in series if len(s) > lag] or [np.zeros(0)])
+        out.append(float(np.corrcoef(a, b)[0, 1]) if len(a) > 2 and a.std() > 0 and b.std() > 0 else math.nan)
+    return out
+
+
+def run_bench(
+    spec: SpeculativeVLM, suite: str, methods: list[str], n: int, max_new_tokens: int, progress: bool = True
+) -> dict[str, Any]:
+    """Run every method on the same `n` items; returns the results (also the plots' data)."""
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise ValueError(f"unknown methods {unknown}; choose from {', '.join(METHODS)}")
+    methods = ["ar"] + [m for m in methods if m != "ar"]
+    target, draft = spec.target, spec.draft
+    inputs = suite_inputs(spec.processor, suite, n)
+    runs = {m: MethodRun() for m in methods}
+    references: list[torch.Tensor] = []
+    entropies: list[np.ndarray] = []
+    bar = tqdm(total=len(methods) * (len(inputs) + 1), desc=f"bench {suite}", disable=not progress)
+    for method in methods:
+        runner = _runner(spec, method)
+        runner(inputs[0], max_new_tokens)
+        bar.update()
+        for index, item in enumerate(inputs):
+            counter = ForwardCounter(target) if method == "hf-assisted" else None
+            start = time.perf_counter()
+            ids, scores = runner(item, max_new_tokens)
+            seconds = time.perf_counter() - start
+            if counter is not None:
+                counter.handle.remove()
+            new = ids.shape[1] - item["input_ids"].shape[1]
+            run = runs[method]
+            run.seconds += seconds
+            run.new_tokens += new
+            if method == "ar":
+                references.append(ids)
+                entropies.append(top_k_entropy(scores))
+            else:
+                run.exact.append(bool(torch.equal(ids, references[index])))
+            if counter is not None:
+                run.taus.append((new - counter.calls) / max(1, counter.calls))
+            elif method != "ar":
+                stats = runner.spec.last_stats
+                run.taus.append(stats.mean_accept_length)
+                for phase, value in stats.phase_seconds.items():
+                    run.phase_seconds[phase] += value
+                run.steps.append([vars(s) for s in stats.steps])
+            bar.update()
+    bar.close()
+    ar_rate = runs["ar"].new_tokens / runs["ar"].seconds
+    return {
+        "suite": suite,
+        "n": len(inputs),
+        "max_new_tokens": max_new_tokens,
+        "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}",
+        "methods": {m: runs[m].summary(ar_rate) for m in methods},
+        "tau_per_item": {m: runs[m].taus for m in methods if runs[m].taus},
+        "entropy_autocorrelation": autocorrelation(entropies),
+        "sage_steps": runs["sage"].steps[0] if "sage" in runs and runs["sage"].steps else [],
+    }
+
+
+class _Runner:
+    """Uniform call for a method: (inputs, max_new_tokens) -> (ids, scores or None)."""
+
+    def __init__(self, spec: SpeculativeVLM, method: str):
+        self.method = method
+        self.target, self.draft = spec.target, spec.draft
+        self.spec = None
+        if method in _SPEC_METHODS:
+            policy, pruning = _SPEC_METHODS[method]
+            self.spec = SpeculativeVLM(
+                spec.target, spec.draft, policy, pruning=pruning, vocab_size=len(spec.processor.tokenizer)
+            )
+
+    @torch.inference_mode()
+    def __call__(self, inputs: dict[str, torch.Tensor], max_new_tokens: int):
+        if self.spec is not None:
+            return self.spec.generate(**inputs, max_new_tokens=max_new_tokens), None
+        kwargs: dict[str, Any] = dict(do_sample=False, max_new_tokens=max_new_tokens)
+        if self.method == "hf-assisted":
+            out = self.target.generate(**inputs, assistant_model=self.draft, **kwargs)
+            return out, None
+        out = self.target.generate(**inputs, output_scores=True, return_dict_in_generate=True, **kwargs)
+        return out.sequences, out.scores
+
+
+def _runner(spec: SpeculativeVLM, method: str) -> _Runner:
+    return _Runner(spec, method)
+
+
+def markdown_report(results: dict[str, Any], command: str) -> str:
+    """The results as markdown: the main table and the phase breakdown (as SAGE's Table 6)."""
+    lines = [
+        f"Suite `{results['suite']}`: {results['n']} held-out items, up to {results['max_new_tokens']} new tokens; "
+        f"{results['machine']}.",
+        "",
+        f"Command: `{command}`",
+        "",
+        "| method | tau | tokens/s | speedup vs ar | exact match |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for name, m in results["methods"].items():
+        tau = "-" if m["tau"] is None else f"{m['tau']:.2f}"
+        exact = "-" if m["exact_match"] is None else f"{m['exact_match']:.2f}"
+        lines.append(f"| {name} | {tau} | {m['tokens_per_s']:.1f} | {m['speedup']:.2f}x | {exact} |")
+    lines += ["", "Share of wall time per phase:", "", "| method | " + " | ".join(PHASES) + " |",
+              "| --- |" + " --- |" * len(PHASES)]
+    for name, m in results["methods"].items():
+        if m["phase_seconds"]:
+            total = sum(m["phase_seconds"].values())
+            lines.append(f"| {name} | " + " | ".join(f"{100 * m['phase_seconds'][p] / total:.1f}%" for p in PHASES) + " |")
+    lags = ", ".join(f"{v:.2f}" for v in results["entropy_autocorrelation"])
+    lines += ["", f"Autocorrelation of the target's top-10 entropy at lags 1-10: {lags}.", ""]
+    return "\n".join(lines)
+
+
+def write_report(results: dict[str, Any], out: Path, command: str) -> None:
+    """results.json, results.md and the PNG plots."""
+    from .plots import plot_all
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    (out / "results.md").write_text(markdown_report(results, command))
+    plot_all(results, out)
