@@ -16,6 +16,7 @@ from .errors import (
     VLMSpecError,
     VocabularyMismatchError,
 )
+from .hf.pipeline import pipeline
 from .policies import ChainPolicy, SageConfig, SagePolicy, StaticTreePolicy, TreePlan, TreePolicy
 from .pruning import PruningConfig
 from .speculative import SpeculativeVLM
@@ -47,4 +48,5 @@ __all__ = [
     "VocabularyMismatchError",
     "generate",
     "load_pair",
+    "pipeline",
 ]

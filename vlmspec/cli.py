@@ -1,4 +1,4 @@
-"""The `vlmspec` command: `demo`, `generate`, `bench`."""
+"""The `vlmspec` command: `demo`, `generate`, `caption`, `bench`."""
 
 from __future__ import annotations
 
@@ -29,6 +29,35 @@ def _generate(args: argparse.Namespace) -> None:
         policy=args.policy,
     )
     print(text)
+
+
+def _caption(args: argparse.Namespace) -> None:
+    from .api import load_pair
+    from .captioning import CaptionSettings, run_captioning
+
+    def spec_factory(state):
+        device_map = None if state.device.type == "cpu" else {"": str(state.device)}
+        spec = load_pair(args.model, args.draft, device_map=device_map)
+        return spec.__class__(
+            spec.target, spec.draft, args.policy, vocab_size=len(spec.processor.tokenizer), processor=spec.processor
+        )
+
+    settings = CaptionSettings(
+        prompt=args.prompt,
+        num_frames=args.num_frames,
+        fps=args.fps,
+        max_frames=args.max_frames,
+        max_new_tokens=args.max_new_tokens,
+    )
+    try:
+        summary = run_captioning(
+            spec_factory, args.inputs, Path(args.out), settings, resume=args.resume, progress=not args.no_progress
+        )
+    except FileExistsError as error:
+        raise SystemExit(f"vlmspec caption: {error}") from None
+    print(summary.line())
+    if summary.interrupted:
+        raise SystemExit(130)
 
 
 def _bench(args: argparse.Namespace) -> None:
@@ -68,6 +97,22 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--fps", type=float)
     gen.add_argument("--policy", default="sage", choices=["chain", "static-tree", "sage"])
     gen.set_defaults(run=_generate)
+
+    cap = commands.add_parser("caption", help="caption images and videos into a JSON-lines file")
+    cap.add_argument("inputs", nargs="+", help="files, folders (searched recursively) or .txt lists of paths")
+    cap.add_argument("--out", required=True, help="the JSON-lines file to write")
+    cap.add_argument("--prompt", help="default: 'Describe the image/video in detail.'")
+    cap.add_argument("--model", help="target: hub id or directory (default: the demo pair)")
+    cap.add_argument("--draft", help="draft: hub id or directory")
+    frames = cap.add_mutually_exclusive_group()
+    frames.add_argument("--num-frames", type=int, help="frames per video, evenly spread")
+    frames.add_argument("--fps", type=float, help="frames per second to sample (default 2)")
+    cap.add_argument("--max-frames", type=int, help="cap on frames sampled by --fps (default 64)")
+    cap.add_argument("--max-new-tokens", type=int, default=256)
+    cap.add_argument("--policy", default="sage", choices=["chain", "static-tree", "sage"])
+    cap.add_argument("--resume", action="store_true", help="skip inputs already recorded in --out")
+    cap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    cap.set_defaults(run=_caption)
 
     bench = commands.add_parser("bench", help="tau and speedup of every method against plain generate")
     bench.add_argument("--suite", choices=["image", "video"], default="video")

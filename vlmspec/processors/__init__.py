@@ -2,12 +2,24 @@
 
 from .inputs import VisualInputs, image_only
 from .loading import load_processor, video_packer_for
-from .media import Video, load_image, load_images, load_video, load_videos, media_kind, sample_indices
+from .media import (
+    IMAGE_EXTENSIONS,
+    VIDEO_EXTENSIONS,
+    Video,
+    load_image,
+    load_images,
+    load_video,
+    load_videos,
+    media_kind,
+    sample_indices,
+)
 from .prompt import IMAGE_MARKER, VIDEO_MARKER, chat_messages
 from .qwen_video import QwenVideoPatcher
 from .video_packing import LlavaOnevisionVideoPacker, QwenVideoPacker
 
 __all__ = [
+    "IMAGE_EXTENSIONS",
+    "VIDEO_EXTENSIONS",
     "IMAGE_MARKER",
     "VIDEO_MARKER",
     "LlavaOnevisionVideoPacker",

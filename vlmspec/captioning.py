@@ -1,0 +1,231 @@
+"""Batch captioning of image and video collections into a JSON-lines file that survives bad files and interruptions.
+
+Every input gets exactly one line: `{"path", "caption", "new_tokens", "tau", "seconds"}` or `{"path", "error",
+"error_type"}`. Lines are written whole and flushed one by one, so an interrupted run leaves a valid file (a torn
+last line from a hard kill is dropped on resume). `resume` skips inputs already recorded. Under `accelerate launch`
+the inputs are split over the processes, each writing its own shard, and the first process merges the shards into
+the output (no duplicates, input order) with an atomic replace.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from .errors import VLMSpecError
+from .processors import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, chat_messages, load_image, load_video, media_kind
+from .speculative import SpeculativeVLM
+
+DEFAULT_PROMPTS = {"image": "Describe the image in detail.", "video": "Describe the video in detail."}
+_MEDIA = IMAGE_EXTENSIONS | VIDEO_EXTENSIONS
+
+
+def discover_inputs(sources: Iterable[str | os.PathLike]) -> list[str]:
+    """Files as given, folders searched recursively for images and videos, `.txt` files read as lists of paths."""
+    found: list[str] = []
+    for source in sources:
+        path = Path(source)
+        if path.is_dir():
+            found += sorted(str(p) for p in path.rglob("*") if p.is_file() and p.suffix.lower() in _MEDIA)
+        elif path.suffix.lower() == ".txt" and path.is_file():
+            lines = (line.strip() for line in path.read_text().splitlines())
+            found += [line for line in lines if line and not line.startswith("#")]
+        else:
+            found.append(str(path))
+    return list(dict.fromkeys(found))
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The complete records of a JSON-lines file; a torn last line is cut off the file."""
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    end = data.rfind(b"\n") + 1
+    if end < len(data):
+        with open(path, "r+b") as f:
+            f.truncate(end)
+    records = []
+    for line in data[:end].decode("utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+class RecordWriter:
+    """Appends one JSON object per line; each line is written whole, flushed and synced before the next."""
+
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.file = open(path, "a", encoding="utf-8")
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.file.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self.file.flush()
+        os.fsync(self.file.fileno())
+
+    def close(self) -> None:
+        self.file.close()
+
+
+@dataclass
+class Summary:
+    captioned: int = 0
+    errors: int = 0
+    skipped: int = 0
+    new_tokens: int = 0
+    seconds: float = 0.0
+    taus: list[float] = field(default_factory=list)
+    interrupted: bool = False
+
+    def line(self) -> str:
+        rate = self.new_tokens / self.seconds if self.seconds else 0.0
+        tau = sum(self.taus) / len(self.taus) if self.taus else 0.0
+        state = "interrupted (rerun with --resume to finish)" if self.interrupted else "done"
+        return (
+            f"{state}: {self.captioned} captioned, {self.errors} errors, {self.skipped} already recorded; "
+            f"{self.new_tokens} tokens at {rate:.1f} tokens/s, mean tau {tau:.2f}"
+        )
+
+
+@dataclass
+class CaptionSettings:
+    prompt: str | None = None
+    num_frames: int | None = None
+    fps: float | None = None
+    max_frames: int | None = None
+    max_new_tokens: int = 256
+
+
+def _load(path: str, settings: CaptionSettings) -> tuple[str, Any]:
+    kind = media_kind(path)
+    if kind == "image":
+        return kind, load_image(path)
+    return kind, load_video(path, num_frames=settings.num_frames, fps=settings.fps, max_frames=settings.max_frames)
+
+
+def _prefetched(paths: list[str], settings: CaptionSettings) -> Iterator[tuple[str, Future]]:
+    """Each path with its decoding already under way: the next file decodes while the current one generates."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pending = pool.submit(_load, paths[0], settings) if paths else None
+        for i, path in enumerate(paths):
+            current = pending
+            pending = pool.submit(_load, paths[i + 1], settings) if i + 1 < len(paths) else None
+            yield path, current
+
+
+def caption_paths(
+    spec: SpeculativeVLM, paths: list[str], out: Path, settings: CaptionSettings, progress: bool = True
+) -> Summary:
+    """Caption `paths` into `out` (appending); a failing input becomes an error record and the run goes on."""
+    summary = Summary()
+    writer = RecordWriter(out)
+    bar = tqdm(total=len(paths), desc="captioning", unit="file", disable=not progress)
+    try:
+        for path, future in _prefetched(paths, settings):
+            record = _caption_one(spec, path, future, settings)
+            writer.write(record)
+            if "error" in record:
+                summary.errors += 1
+            else:
+                summary.captioned += 1
+                summary.new_tokens += record["new_tokens"]
+                summary.seconds += record["seconds"]
+                summary.taus.append(record["tau"])
+                bar.set_postfix(tok_s=f"{summary.new_tokens / max(summary.seconds, 1e-9):.1f}", errors=summary.errors)
+            bar.update()
+    except KeyboardInterrupt:
+        summary.interrupted = True
+    finally:
+        bar.close()
+        writer.close()
+    return summary
+
+
+def _caption_one(spec: SpeculativeVLM, path: str, future: Future, settings: CaptionSettings) -> dict[str, Any]:
+    try:
+        kind, media = future.result()
+        prompt = settings.prompt or DEFAULT_PROMPTS[kind]
+        images, videos = ([media], []) if kind == "image" else ([], [media])
+        processor = spec.processor
+        inputs = processor(processor.apply_chat_template(chat_messages(prompt, len(images), len(videos))), images=images, videos=videos)
+        start = time.perf_counter()
+        ids = spec.generate(**inputs, max_new_tokens=settings.max_new_tokens)
+        seconds = time.perf_counter() - start
+        length = inputs["input_ids"].shape[1]
+        stats = spec.last_stats
+        return {
+            "path": path,
+            "caption": processor.tokenizer.decode(ids[0, length:], skip_special_tokens=True),
+            "new_tokens": stats.new_tokens,
+            "tau": round(stats.mean_accept_length, 3),
+            "seconds": round(seconds, 3),
+        }
+    except (VLMSpecError, OSError, ValueError, RuntimeError) as error:
+        return {"path": path, "error": str(error), "error_type": type(error).__name__}
+
+
+def shard_paths(out: Path) -> list[Path]:
+    return sorted(out.parent.glob(f"{out.name}.part*"))
+
+
+def recorded(out: Path) -> set[str]:
+    """Paths recorded in `out` or in shards left by an interrupted sharded run."""
+    return {r["path"] for f in [out, *shard_paths(out)] for r in read_records(f) if "path" in r}
+
+
+def merge_shards(out: Path, order: list[str]) -> None:
+    """Fold shard records into `out`: one record per path (the first seen), in input order, replaced atomically."""
+    shards = shard_paths(out)
+    if not shards:
+        return
+    by_path: dict[str, dict[str, Any]] = {}
+    for f in [out, *shards]:
+        for record in read_records(f):
+            by_path.setdefault(record.get("path"), record)
+    rank = {p: i for i, p in enumerate(order)}
+    records = sorted(by_path.values(), key=lambda r: rank.get(r.get("path"), len(rank)))
+    tmp = out.with_name(out.name + ".merging")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, out)
+    for shard in shards:
+        shard.unlink()
+
+
+def run_captioning(
+    spec_factory, sources: list[str], out: Path, settings: CaptionSettings, resume: bool = False, progress: bool = True
+) -> Summary:
+    """Discover inputs, skip recorded ones on `resume`, caption the rest (sharded under accelerate) and merge."""
+    from accelerate import PartialState
+
+    state = PartialState()
+    paths = discover_inputs(sources)
+    if not resume and state.is_main_process and (out.exists() or shard_paths(out)):
+        raise FileExistsError(f"{out} already exists: pass --resume to continue it, or choose another --out")
+    state.wait_for_everyone()
+    done = recorded(out) if resume else set()
+    todo = [p for p in paths if p not in done]
+    spec = spec_factory(state)
+    if state.num_processes == 1:
+        summary = caption_paths(spec, todo, out, settings, progress)
+    else:
+        with state.split_between_processes(todo) as mine:
+            shard = out.with_name(f"{out.name}.part{state.process_index}")
+            summary = caption_paths(spec, list(mine), shard, settings, progress and state.is_main_process)
+        state.wait_for_everyone()
+        if state.is_main_process:
+            merge_shards(out, paths)
+    summary.skipped = len(paths) - len(todo)
+    return summary
