@@ -7,7 +7,7 @@ setup:
 	@bash scripts/bootstrap.sh
 
 demo: setup
-	$(PY) scripts/example_tiny.py
+	.venv/bin/vlmspec demo
 
 test: setup
 	$(PY) -m pytest
