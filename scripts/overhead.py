@@ -28,7 +28,9 @@ def main() -> None:
     in_forward = [0.0]
     started: list[float] = []
     target.register_forward_pre_hook(lambda *_: started.append(time.perf_counter()))
-    target.register_forward_hook(lambda *_: in_forward.__setitem__(0, in_forward[0] + time.perf_counter() - started.pop()))
+    target.register_forward_hook(
+        lambda *_: in_forward.__setitem__(0, in_forward[0] + time.perf_counter() - started.pop())
+    )
     print(f"{'policy':<12} {'tokens':>6} {'steps':>5} {'tau':>5} {'wall s':>7} {'outside forwards':>17}")
     for policy in ("chain", "static-tree", "sage"):
         spec = SpeculativeVLM(target, target, policy=policy)

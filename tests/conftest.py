@@ -80,11 +80,21 @@ class Family:
 
 
 FAMILIES = {
-    "qwen2_5_vl": Family("qwen2_5_vl", tiny_processor, tiny_qwen2_5_vl, lambda: tiny_qwen2_5_vl(1, hidden_size=32, heads=2, kv_heads=1)),
-    "qwen3_vl": Family("qwen3_vl", tiny_qwen3_vl_processor, tiny_qwen3_vl, lambda: tiny_qwen3_vl(1, hidden_size=32, heads=2, kv_heads=1)),
+    "qwen2_5_vl": Family(
+        "qwen2_5_vl", tiny_processor, tiny_qwen2_5_vl, lambda: tiny_qwen2_5_vl(1, hidden_size=32, heads=2, kv_heads=1)
+    ),
+    "qwen3_vl": Family(
+        "qwen3_vl",
+        tiny_qwen3_vl_processor,
+        tiny_qwen3_vl,
+        lambda: tiny_qwen3_vl(1, hidden_size=32, heads=2, kv_heads=1),
+    ),
     "qwen3_vl_moe": Family("qwen3_vl_moe", tiny_qwen3_vl_processor, tiny_qwen3_vl_moe, lambda: tiny_qwen3_vl(2)),
     "llava_onevision": Family(
-        "llava_onevision", tiny_llava_onevision_processor, tiny_llava_onevision, lambda: tiny_llava_onevision(1, hidden_size=32, heads=2, kv_heads=1)
+        "llava_onevision",
+        tiny_llava_onevision_processor,
+        tiny_llava_onevision,
+        lambda: tiny_llava_onevision(1, hidden_size=32, heads=2, kv_heads=1),
     ),
 }
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -46,8 +45,25 @@ def collection(tmp_path):
 
 
 def caption(pair, inputs, out, *extra, check=True, **kwargs):
-    command = [sys.executable, "-m", "vlmspec.cli", "caption", *inputs, "--out", str(out), "--model", pair[0],
-               "--draft", pair[1], "--max-new-tokens", "12", "--num-frames", "4", "--no-progress", *extra]
+    command = [
+        sys.executable,
+        "-m",
+        "vlmspec.cli",
+        "caption",
+        *inputs,
+        "--out",
+        str(out),
+        "--model",
+        pair[0],
+        "--draft",
+        pair[1],
+        "--max-new-tokens",
+        "12",
+        "--num-frames",
+        "4",
+        "--no-progress",
+        *extra,
+    ]
     return subprocess.run(command, env=ENV, capture_output=True, text=True, check=check, **kwargs)
 
 
@@ -93,8 +109,22 @@ def test_a_run_killed_midway_and_resumed_records_every_input_once(pair, tmp_path
     for i in range(12):
         write_image(folder / f"img{i:02d}.png", seed=i)
     out = tmp_path / "captions.jsonl"
-    command = [sys.executable, "-m", "vlmspec.cli", "caption", str(folder), "--out", str(out), "--model", pair[0],
-               "--draft", pair[1], "--max-new-tokens", "48", "--no-progress"]
+    command = [
+        sys.executable,
+        "-m",
+        "vlmspec.cli",
+        "caption",
+        str(folder),
+        "--out",
+        str(out),
+        "--model",
+        pair[0],
+        "--draft",
+        pair[1],
+        "--max-new-tokens",
+        "48",
+        "--no-progress",
+    ]
     process = subprocess.Popen(command, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     while time.time() < deadline and len(read_records(out)) < 2:
@@ -113,10 +143,35 @@ def test_a_run_killed_midway_and_resumed_records_every_input_once(pair, tmp_path
 
 def test_two_processes_under_accelerate_shard_and_merge(pair, collection, tmp_path):
     out = tmp_path / "captions.jsonl"
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--num_machines", "1",
-               "--mixed_precision", "no", "--dynamo_backend", "no", "--cpu", "-m", "vlmspec.cli", "caption", *collection,
-               "--out", str(out), "--model", pair[0], "--draft", pair[1], "--max-new-tokens", "8", "--num-frames", "4",
-               "--no-progress"]
+    command = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--cpu",
+        "-m",
+        "vlmspec.cli",
+        "caption",
+        *collection,
+        "--out",
+        str(out),
+        "--model",
+        pair[0],
+        "--draft",
+        pair[1],
+        "--max-new-tokens",
+        "8",
+        "--num-frames",
+        "4",
+        "--no-progress",
+    ]
     subprocess.run(command, env=ENV, capture_output=True, text=True, check=True, timeout=300)
     records = read_records(out)
     assert [Path(r["path"]).name for r in records] == ["a.png", "c_broken.mp4", "b.mp4", "d.jpg", "extra.webp"]

@@ -34,20 +34,35 @@ def expected_text(pair_dirs, prompt, images=(), videos=(), max_new_tokens=24):
     """The loaded target's own greedy output on the same processed inputs."""
     spec = vlmspec.load_pair(*pair_dirs)
     processor = spec.processor
-    inputs = processor(processor.apply_chat_template(chat_messages(prompt, len(images), len(videos))), images=list(images), videos=list(videos))
+    inputs = processor(
+        processor.apply_chat_template(chat_messages(prompt, len(images), len(videos))),
+        images=list(images),
+        videos=list(videos),
+    )
     ids = spec.target.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens)
     return processor.tokenizer.decode(ids[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
 def test_generate_describes_an_image_file(pair_dirs, media):
-    text = vlmspec.generate("Describe the image in detail.", images=media["image"], model=pair_dirs[0], draft=pair_dirs[1], max_new_tokens=24)
+    text = vlmspec.generate(
+        "Describe the image in detail.",
+        images=media["image"],
+        model=pair_dirs[0],
+        draft=pair_dirs[1],
+        max_new_tokens=24,
+    )
     assert text == expected_text(pair_dirs, "Describe the image in detail.", images=[load_image(media["image"])])
 
 
 def test_generate_describes_a_video_file(pair_dirs, media):
     text, stats = vlmspec.generate(
-        "Describe the video in detail.", videos=media["video"], model=pair_dirs[0], draft=pair_dirs[1],
-        max_new_tokens=24, num_frames=6, return_stats=True,
+        "Describe the video in detail.",
+        videos=media["video"],
+        model=pair_dirs[0],
+        draft=pair_dirs[1],
+        max_new_tokens=24,
+        num_frames=6,
+        return_stats=True,
     )
     video = load_video(media["video"], num_frames=6)
     assert text == expected_text(pair_dirs, "Describe the video in detail.", videos=[video])
@@ -60,8 +75,13 @@ def test_generate_answers_a_text_only_prompt(pair_dirs):
 
 
 def test_a_list_of_prompts_gives_a_list_of_texts(pair_dirs, media):
-    texts = vlmspec.generate(["Describe the image in detail.", "What is shown here?"], images=media["image"],
-                             model=pair_dirs[0], draft=pair_dirs[1], max_new_tokens=12)
+    texts = vlmspec.generate(
+        ["Describe the image in detail.", "What is shown here?"],
+        images=media["image"],
+        model=pair_dirs[0],
+        draft=pair_dirs[1],
+        max_new_tokens=12,
+    )
     image = load_image(media["image"])
     assert texts == [
         expected_text(pair_dirs, "Describe the image in detail.", images=[image], max_new_tokens=12),
@@ -98,6 +118,8 @@ def test_generate_matches_the_wrapper_on_the_same_inputs(pair_dirs, media):
     image = load_image(media["image"])
     inputs = spec.processor(spec.processor.apply_chat_template(chat_messages("Describe.", 1)), images=[image])
     ids = wrapped.generate(**inputs, max_new_tokens=16)
-    text = vlmspec.generate("Describe.", images=image, model=pair_dirs[0], draft=pair_dirs[1], max_new_tokens=16, policy="static-tree")
+    text = vlmspec.generate(
+        "Describe.", images=image, model=pair_dirs[0], draft=pair_dirs[1], max_new_tokens=16, policy="static-tree"
+    )
     assert text == spec.processor.tokenizer.decode(ids[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
     assert torch.is_tensor(ids)

@@ -14,7 +14,7 @@ from vlmspec.testing.llava_onevision import llava_tokenizer
 
 @pytest.fixture(scope="module")
 def saved_pairs(tmp_path_factory):
-    """Per family: the target with its processor in one directory, the independent draft with its tokenizer in another."""
+    """Per family: target and processor in one directory, independent draft and tokenizer in another."""
     pairs = {}
     for name, family in FAMILIES.items():
         root = tmp_path_factory.mktemp(name)
@@ -78,7 +78,9 @@ def test_a_pair_across_families_is_refused(saved_pairs):
 def test_an_unsupported_checkpoint_is_named(tmp_path):
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=len(llava_tokenizer()))).save_pretrained(tmp_path)
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=len(llava_tokenizer()))).save_pretrained(
+        tmp_path
+    )
     llava_tokenizer().save_pretrained(tmp_path)
     with pytest.raises(UnsupportedModelError, match="gpt2"):
         SpeculativeVLM.from_pretrained(str(tmp_path), str(tmp_path))

@@ -150,7 +150,7 @@ def test_each_family_prompt_holds_its_visual_placeholders(family, tmp_path):
     config = family.target.config
     decoded = processor.tokenizer.decode(ids)
     if "image_grid_thw" in inputs:
-        merge = config.vision_config.spatial_merge_size ** 2
+        merge = config.vision_config.spatial_merge_size**2
         assert int((ids == config.image_token_id).sum()) == int(inputs["image_grid_thw"].prod()) // merge
         assert int((ids == config.video_token_id).sum()) == int(inputs["video_grid_thw"].prod()) // merge
     else:

@@ -12,20 +12,32 @@ from vlmspec.testing import sample_frames, sample_image
 @pytest.fixture(scope="module")
 def pipelines(qwen):
     reference = transformers.pipeline("image-text-to-text", model=qwen.target, processor=qwen.processor.processor)
-    ours = vlmspec.pipeline("image-text-to-text", model=qwen.target, draft_model=qwen.drafts["noisy"], processor=qwen.processor)
+    ours = vlmspec.pipeline(
+        "image-text-to-text", model=qwen.target, draft_model=qwen.drafts["noisy"], processor=qwen.processor
+    )
     return reference, ours
 
 
 def test_images_and_text_give_the_same_output(pipelines):
     reference, ours = pipelines
-    kwargs = dict(images=sample_image(0), text="<|vision_start|><|image_pad|><|vision_end|>Describe.", max_new_tokens=20)
+    kwargs = dict(
+        images=sample_image(0), text="<|vision_start|><|image_pad|><|vision_end|>Describe.", max_new_tokens=20
+    )
     assert ours(**kwargs) == reference(**kwargs)
 
 
 @pytest.mark.parametrize("return_full_text", [True, False])
 def test_chat_messages_give_the_same_output(pipelines, return_full_text):
     reference, ours = pipelines
-    messages = [{"role": "user", "content": [{"type": "image", "image": sample_image(1)}, {"type": "text", "text": "Describe the image in detail."}]}]
+    messages = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "image", "image": sample_image(1)},
+                {"type": "text", "text": "Describe the image in detail."},
+            ],
+        }
+    ]
     kwargs = dict(text=messages, max_new_tokens=20, return_full_text=return_full_text)
     assert ours(**kwargs) == reference(**kwargs)
 
@@ -33,10 +45,16 @@ def test_chat_messages_give_the_same_output(pipelines, return_full_text):
 def test_video_in_chat_messages_is_answered_like_the_target(pipelines, qwen):
     _, ours = pipelines
     frames = sample_frames(0, num_frames=4)
-    messages = [{"role": "user", "content": [{"type": "video", "video": frames}, {"type": "text", "text": "Describe the video."}]}]
+    messages = [
+        {
+            "role": "user",
+            "content": [{"type": "video", "video": frames}, {"type": "text", "text": "Describe the video."}],
+        }
+    ]
     out = ours(text=messages, max_new_tokens=16, return_full_text=False)
     inputs = qwen.processor(
-        qwen.processor.apply_chat_template(vlmspec.processors.chat_messages("Describe the video.", 0, 1)), videos=[frames]
+        qwen.processor.apply_chat_template(vlmspec.processors.chat_messages("Describe the video.", 0, 1)),
+        videos=[frames],
     )
     ids = qwen.target.generate(**inputs, do_sample=False, max_new_tokens=16)
     expected = qwen.processor.tokenizer.decode(ids[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)

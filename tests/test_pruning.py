@@ -68,7 +68,11 @@ def test_every_method_keeps_the_per_group_budget_in_order(ratio):
     scores = torch.rand(GROUPS.shape[0], generator=torch.Generator().manual_seed(0))
     _, budgets = group_budgets(GROUPS, ratio)
     assert budgets.tolist() == [math.ceil((1 - ratio) * n) for n in (10, 7, 16)]
-    for kept in (select_uniform(GROUPS, ratio), select_random(GROUPS, ratio, seed=3), select_two_stage(GROUPS, ratio, scores)):
+    for kept in (
+        select_uniform(GROUPS, ratio),
+        select_random(GROUPS, ratio, seed=3),
+        select_two_stage(GROUPS, ratio, scores),
+    ):
         assert kept.tolist() == sorted(set(kept.tolist()))
         assert torch.bincount(GROUPS[kept], minlength=3).tolist() == budgets.tolist()
 

@@ -103,7 +103,9 @@ def _for_prompt(media: Any, index: int, count: int) -> Any:
     return media
 
 
-def _generate_one(spec: SpeculativeVLM, prompt: str, images: list, videos: list, max_new_tokens: int, options: dict) -> str:
+def _generate_one(
+    spec: SpeculativeVLM, prompt: str, images: list, videos: list, max_new_tokens: int, options: dict
+) -> str:
     processor = spec.processor
     text = processor.apply_chat_template(chat_messages(prompt, len(images), len(videos)))
     inputs = dict(processor(text, images=images, videos=videos))

@@ -157,7 +157,9 @@ def _caption_one(spec: SpeculativeVLM, path: str, future: Future, settings: Capt
         prompt = settings.prompt or DEFAULT_PROMPTS[kind]
         images, videos = ([media], []) if kind == "image" else ([], [media])
         processor = spec.processor
-        inputs = processor(processor.apply_chat_template(chat_messages(prompt, len(images), len(videos))), images=images, videos=videos)
+        inputs = processor(
+            processor.apply_chat_template(chat_messages(prompt, len(images), len(videos))), images=images, videos=videos
+        )
         start = time.perf_counter()
         ids = spec.generate(**inputs, max_new_tokens=settings.max_new_tokens)
         seconds = time.perf_counter() - start

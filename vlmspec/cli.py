@@ -78,7 +78,9 @@ def _bench(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vlmspec", description="Lossless speculative decoding for vision-language models.")
+    parser = argparse.ArgumentParser(
+        prog="vlmspec", description="Lossless speculative decoding for vision-language models."
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     demo = commands.add_parser("demo", help="caption the bundled sample image and video with the demo pair")

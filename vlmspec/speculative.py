@@ -37,7 +37,8 @@ def check_vocabularies(target: PreTrainedModel, draft: PreTrainedModel, vocab_si
         )
     if vocab_size is not None and vocab_size > min(target_vocab, draft_vocab):
         raise VocabularyMismatchError(
-            f"the tokenizer has {vocab_size} tokens but the target's head has {target_vocab} and the draft's {draft_vocab}"
+            f"the tokenizer has {vocab_size} tokens but the target's head has {target_vocab} "
+            f"and the draft's {draft_vocab}"
         )
     for name in _SPECIAL_TOKEN_ATTRIBUTES:
         t, d = getattr(target.config, name, None), getattr(draft.config, name, None)

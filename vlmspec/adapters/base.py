@@ -89,7 +89,11 @@ class ModelAdapter(ABC):
 
     def visual_token_mask(self, input_ids: torch.Tensor) -> torch.Tensor:
         config = self.model.config
-        ids = [i for i in (getattr(config, "image_token_id", None), getattr(config, "video_token_id", None)) if i is not None]
+        ids = [
+            i
+            for i in (getattr(config, "image_token_id", None), getattr(config, "video_token_id", None))
+            if i is not None
+        ]
         return torch.isin(input_ids[0], torch.tensor(ids, device=input_ids.device))
 
     def prune_language_model_inputs(self, kwargs: dict[str, Any], keep: torch.Tensor) -> dict[str, Any]:
@@ -151,4 +155,4 @@ def split_runs(mask: torch.Tensor) -> list[tuple[int, int]]:
     """(start, end) of each run of True in a 1-D mask."""
     padded = torch.cat([mask.new_zeros(1), mask.to(torch.int8), mask.new_zeros(1)])
     edges = padded.diff().nonzero().squeeze(1).tolist()
-    return list(zip(edges[0::2], edges[1::2]))
+    return list(zip(edges[0::2], edges[1::2], strict=True))

@@ -87,7 +87,11 @@ class SpeculativeDecoder:
         self.drafter = Drafter(draft, vocab_limit)
 
     def run(
-        self, target_inputs: dict[str, Any], draft_inputs: dict[str, Any], settings: DecodeSettings, streamer: Any = None
+        self,
+        target_inputs: dict[str, Any],
+        draft_inputs: dict[str, Any],
+        settings: DecodeSettings,
+        streamer: Any = None,
     ) -> tuple[torch.Tensor, SpecStats]:
         """Generate greedily; returns the prompt followed by the new tokens (1, L + n) and the call's statistics."""
         started = time.perf_counter()
@@ -107,7 +111,9 @@ class SpeculativeDecoder:
         target, draft, policy, pruning = self.target, self.draft, self.policy, self.pruning
         layout = target.adapter.visual_layout(target_inputs) if pruning is not None else None
         prune = layout is not None and bool(layout.mask.any())
-        scorer = VerifierScores(target.adapter, layout, pruning.layers) if prune and pruning.method == "verifier" else None
+        scorer = (
+            VerifierScores(target.adapter, layout, pruning.layers) if prune and pruning.method == "verifier" else None
+        )
         with timer("target_prefill"), scorer or nullcontext():
             logits = target.prefill(target_inputs)
             first = settings.choice.first(logits, sink.sequence)
@@ -146,7 +152,9 @@ class SpeculativeDecoder:
                 root_offset = pending.shape[0] - 1
                 draft.keep(
                     draft_start,
-                    torch.cat([torch.arange(pending.shape[0], device=draft.device), draft_path[in_draft] + root_offset]),
+                    torch.cat(
+                        [torch.arange(pending.shape[0], device=draft.device), draft_path[in_draft] + root_offset]
+                    ),
                 )
                 pending = torch.cat([drafted.tree.tokens[draft_path[~in_draft]], bonus[None].to(draft.device)])
                 stats.steps.append(

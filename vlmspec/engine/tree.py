@@ -12,7 +12,7 @@ import torch
 
 
 def additive_mask(prefix_len: int, visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """A `(1, 1, q, prefix_len + k)` additive attention mask: every row sees the prefix and its `visible` (q, k) keys."""
+    """An additive mask `(1, 1, q, prefix_len + k)`: each row sees the prefix and its `visible` (q, k) keys."""
     q, k = visible.shape
     bias = torch.zeros((1, 1, q, prefix_len + k), dtype=dtype, device=visible.device)
     bias[0, 0, :, prefix_len:].masked_fill_(visible.logical_not(), torch.finfo(dtype).min)
@@ -43,7 +43,9 @@ class DraftTree:
         """The same tree on `device` (the target may sit on another device than the draft)."""
         if self.tokens.device == device:
             return self
-        return DraftTree(*(t.to(device) for t in (self.tokens, self.parents, self.depths, self.log_probs, self.ancestors)))
+        return DraftTree(
+            *(t.to(device) for t in (self.tokens, self.parents, self.depths, self.log_probs, self.ancestors))
+        )
 
     def path_to(self, node: int) -> torch.Tensor:
         """Node indices from the root to `node`, both included, in root-to-leaf order."""
@@ -83,7 +85,9 @@ class TreeBuilder:
         self.ancestors[0, 0] = True
         self.size = 1
 
-    def add_level(self, parents: torch.Tensor, tokens: torch.Tensor, log_probs: torch.Tensor, ranks: torch.Tensor) -> slice:
+    def add_level(
+        self, parents: torch.Tensor, tokens: torch.Tensor, log_probs: torch.Tensor, ranks: torch.Tensor
+    ) -> slice:
         """Append one level: children of `parents` with draft rank `ranks`; returns the new nodes' slice."""
         m = parents.shape[0]
         if self.size + m > self.capacity:

@@ -107,7 +107,7 @@ def run_bench(
     if unknown:
         raise ValueError(f"unknown methods {unknown}; choose from {', '.join(METHODS)}")
     methods = ["ar"] + [m for m in methods if m != "ar"]
-    target, draft = spec.target, spec.draft
+    target = spec.target
     inputs = suite_inputs(spec.processor, suite, n)
     runs = {m: MethodRun() for m in methods}
     references: list[torch.Tensor] = []
@@ -200,12 +200,19 @@ def markdown_report(results: dict[str, Any], command: str) -> str:
         tau = "-" if m["tau"] is None else f"{m['tau']:.2f}"
         exact = "-" if m["exact_match"] is None else f"{m['exact_match']:.2f}"
         lines.append(f"| {name} | {tau} | {m['tokens_per_s']:.1f} | {m['speedup']:.2f}x | {exact} |")
-    lines += ["", "Share of wall time per phase:", "", "| method | " + " | ".join(PHASES) + " |",
-              "| --- |" + " --- |" * len(PHASES)]
+    lines += [
+        "",
+        "Share of wall time per phase:",
+        "",
+        "| method | " + " | ".join(PHASES) + " |",
+        "| --- |" + " --- |" * len(PHASES),
+    ]
     for name, m in results["methods"].items():
         if m["phase_seconds"]:
             total = sum(m["phase_seconds"].values())
-            lines.append(f"| {name} | " + " | ".join(f"{100 * m['phase_seconds'][p] / total:.1f}%" for p in PHASES) + " |")
+            lines.append(
+                f"| {name} | " + " | ".join(f"{100 * m['phase_seconds'][p] / total:.1f}%" for p in PHASES) + " |"
+            )
     lags = ", ".join(f"{v:.2f}" for v in results["entropy_autocorrelation"])
     lines += ["", f"Autocorrelation of the target's top-10 entropy at lags 1-10: {lags}.", ""]
     return "\n".join(lines)

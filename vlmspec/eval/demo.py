@@ -16,7 +16,9 @@ from .synthetic import IMAGE_PROMPT, VIDEO_PROMPT
 def run_demo(max_new_tokens: int = 200, policy: str = "sage") -> None:
     """Print each sample's caption, whether it equals plain greedy output, tau and the speedup."""
     if demo_pair() is None:
-        raise SystemExit(f"the demo pair is not installed in {DEMO_DIR}; train it with `python -m vlmspec.eval.train_demo`")
+        raise SystemExit(
+            f"the demo pair is not installed in {DEMO_DIR}; train it with `python -m vlmspec.eval.train_demo`"
+        )
     spec = load_pair(torch_dtype=torch.float32)
     processor = spec.processor
     runner = SpeculativeVLM(spec.target, spec.draft, policy, vocab_size=len(processor.tokenizer))
@@ -29,9 +31,8 @@ def run_demo(max_new_tokens: int = 200, policy: str = "sage") -> None:
         messages = chat_messages(prompt, len(media.get("images", [])), len(media.get("videos", [])))
         inputs = processor(processor.apply_chat_template(messages), **media)
         length = inputs["input_ids"].shape[1]
-        for call in (lambda: spec.target.generate(**inputs, do_sample=False, max_new_tokens=8),
-                     lambda: runner.generate(**inputs, max_new_tokens=8)):
-            call()
+        spec.target.generate(**inputs, do_sample=False, max_new_tokens=8)
+        runner.generate(**inputs, max_new_tokens=8)
         start = time.perf_counter()
         reference = spec.target.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens)
         ar_seconds = time.perf_counter() - start

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLProcessor
+from transformers import (
+    PreTrainedTokenizerFast,
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLForConditionalGeneration,
+    Qwen2_5_VLProcessor,
+)
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 from ..processors import QwenVideoPacker, QwenVideoPatcher, VisualInputs, image_only
@@ -41,7 +46,9 @@ def build_demo_processor(tokenizer: PreTrainedTokenizerFast) -> VisualInputs:
         tokenizer=tokenizer,
         chat_template=tokenizer.chat_template,
     )
-    return VisualInputs(processor, QwenVideoPacker(QwenVideoPatcher(min_pixels=PIXELS, max_pixels=PIXELS), timestamps=False))
+    return VisualInputs(
+        processor, QwenVideoPacker(QwenVideoPatcher(min_pixels=PIXELS, max_pixels=PIXELS), timestamps=False)
+    )
 
 
 def build_model(tokenizer: PreTrainedTokenizerFast, spec: dict) -> Qwen2_5_VLForConditionalGeneration:

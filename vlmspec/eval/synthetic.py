@@ -28,9 +28,15 @@ BACKGROUNDS = {"grey": (128, 128, 128), "beige": (225, 210, 180), "dark blue": (
 SHAPES = ("circle", "square", "triangle", "diamond")
 SIZES = {"small": 0.2, "large": 0.34}
 CELLS = {
-    "top left": (0, 0), "top": (1, 0), "top right": (2, 0),
-    "left": (0, 1), "center": (1, 1), "right": (2, 1),
-    "bottom left": (0, 2), "bottom": (1, 2), "bottom right": (2, 2),
+    "top left": (0, 0),
+    "top": (1, 0),
+    "top right": (2, 0),
+    "left": (0, 1),
+    "center": (1, 1),
+    "right": (2, 1),
+    "bottom left": (0, 2),
+    "bottom": (1, 2),
+    "bottom right": (2, 2),
 }
 MOTIONS = {"left": (-1, 0), "right": (1, 0), "up": (0, -1), "down": (0, 1), "still": (0, 0)}
 NUMBERS = ("zero", "one", "two", "three", "four")
@@ -134,11 +140,13 @@ def caption(rng: random.Random, kind: str, background: str, shapes: list[Shape])
     n = NUMBERS[len(shapes)]
     noun = rng.choice(["shapes", "objects"])
     sentences = [
-        rng.choice([
-            f"The {medium} shows {n} {noun} on a {background} background.",
-            f"In this {medium} there are {n} {noun} against a plain {background} background.",
-            f"We see {n} coloured {noun} placed on a {background} background.",
-        ])
+        rng.choice(
+            [
+                f"The {medium} shows {n} {noun} on a {background} background.",
+                f"In this {medium} there are {n} {noun} against a plain {background} background.",
+                f"We see {n} coloured {noun} placed on a {background} background.",
+            ]
+        )
     ]
     order = shapes[:]
     rng.shuffle(order)
@@ -147,37 +155,57 @@ def caption(rng: random.Random, kind: str, background: str, shapes: list[Shape])
         lead = connectives[0] if i == 0 else rng.choice(connectives[1:])
         if i == len(order) - 1 and len(order) > 1:
             lead = rng.choice(["Finally,", "Last of all,", lead])
-        sentences.append(rng.choice([
-            f"{lead} there is a {s.size} {s.colour} {s.shape} {_where(s.cell)} of the frame.",
-            f"{lead} a {s.size} {s.colour} {s.shape} sits {_where(s.cell)}.",
-            f"{lead} you can see a {s.colour} {s.shape}; it is {s.size} and placed {_where(s.cell)}.",
-        ]))
-        sentences.append(rng.choice([
-            "Its edges are clean and sharp.",
-            "It looks flat, with no shadow at all.",
-            "The shape is filled with one solid colour.",
-            "It stands out clearly from the background.",
-            f"The {s.shape} has a simple, even outline.",
-        ]))
+        sentences.append(
+            rng.choice(
+                [
+                    f"{lead} there is a {s.size} {s.colour} {s.shape} {_where(s.cell)} of the frame.",
+                    f"{lead} a {s.size} {s.colour} {s.shape} sits {_where(s.cell)}.",
+                    f"{lead} you can see a {s.colour} {s.shape}; it is {s.size} and placed {_where(s.cell)}.",
+                ]
+            )
+        )
+        sentences.append(
+            rng.choice(
+                [
+                    "Its edges are clean and sharp.",
+                    "It looks flat, with no shadow at all.",
+                    "The shape is filled with one solid colour.",
+                    "It stands out clearly from the background.",
+                    f"The {s.shape} has a simple, even outline.",
+                ]
+            )
+        )
         if kind == "video":
             if s.motion == "still":
                 sentences.append(rng.choice(["It does not move during the clip.", "It stays in place the whole time."]))
             else:
-                sentences.append(rng.choice([
-                    f"During the clip it moves slowly {s.motion}.",
-                    f"Over time the {s.shape} drifts {s.motion}.",
-                    f"As the video plays, it slides {s.motion}.",
-                ]))
+                sentences.append(
+                    rng.choice(
+                        [
+                            f"During the clip it moves slowly {s.motion}.",
+                            f"Over time the {s.shape} drifts {s.motion}.",
+                            f"As the video plays, it slides {s.motion}.",
+                        ]
+                    )
+                )
             if s.new_colour:
-                sentences.append(rng.choice([
-                    f"Halfway through, it turns {s.new_colour}.",
-                    f"In the middle of the video its colour changes to {s.new_colour}.",
-                ]))
-    sentences.append(rng.choice([
-        "Nothing else is visible in the scene.",
-        f"There is no text anywhere in the {medium}.",
-        "The whole scene is simple and uncluttered.",
-    ]))
+                sentences.append(
+                    rng.choice(
+                        [
+                            f"Halfway through, it turns {s.new_colour}.",
+                            f"In the middle of the video its colour changes to {s.new_colour}.",
+                        ]
+                    )
+                )
+    sentences.append(
+        rng.choice(
+            [
+                "Nothing else is visible in the scene.",
+                f"There is no text anywhere in the {medium}.",
+                "The whole scene is simple and uncluttered.",
+            ]
+        )
+    )
     return " ".join(sentences)
 
 
@@ -195,7 +223,14 @@ def corpus(count: int = 4000) -> list[str]:
         kind = "video" if seed % 2 else "image"
         background = rng.choice(list(BACKGROUNDS))
         shapes = [
-            Shape(rng.choice(list(COLOURS)), rng.choice(SHAPES), rng.choice(list(SIZES)), cell, rng.choice(list(MOTIONS)), rng.choice([None, "red", "blue"]))
+            Shape(
+                rng.choice(list(COLOURS)),
+                rng.choice(SHAPES),
+                rng.choice(list(SIZES)),
+                cell,
+                rng.choice(list(MOTIONS)),
+                rng.choice([None, "red", "blue"]),
+            )
             for cell in rng.sample(list(CELLS), rng.randint(2, 4))
         ]
         texts.append(caption(rng, kind, background, shapes))

@@ -121,10 +121,15 @@ def main() -> None:
     processor = build_demo_processor(tokenizer)
     models = {"target": build_model(tokenizer, TARGET), "draft": build_model(tokenizer, DRAFT)}
     lrs = {"target": args.lr, "draft": args.draft_lr}
-    optimizers = {k: torch.optim.AdamW(m.parameters(), lr=lrs[k], weight_decay=0.01, betas=(0.9, 0.98)) for k, m in models.items()}
+    optimizers = {
+        k: torch.optim.AdamW(m.parameters(), lr=lrs[k], weight_decay=0.01, betas=(0.9, 0.98)) for k, m in models.items()
+    }
     for name, model in models.items():
-        print(f"{name}: {language_model_parameters(model) / 1e6:.2f} M language-model parameters, "
-              f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f} M in all", flush=True)
+        print(
+            f"{name}: {language_model_parameters(model) / 1e6:.2f} M language-model parameters, "
+            f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f} M in all",
+            flush=True,
+        )
         model.train()
     log = {"args": {k: str(v) for k, v in vars(args).items()}, "steps": []}
     started = time.perf_counter()
@@ -142,12 +147,16 @@ def main() -> None:
             optimizers[name].zero_grad(set_to_none=True)
             losses[name] = float(loss.detach())
         elapsed = time.perf_counter() - started
-        log["steps"].append({"step": step + 1, "seconds": round(elapsed, 1), **{f"{k}_loss": round(v, 4) for k, v in losses.items()}})
+        log["steps"].append(
+            {"step": step + 1, "seconds": round(elapsed, 1), **{f"{k}_loss": round(v, 4) for k, v in losses.items()}}
+        )
         if (step + 1) % args.log_every == 0 or step == 0:
             rate = elapsed / (step + 1)
-            print(f"step {step + 1}/{args.steps}  target loss {losses['target']:.3f}  draft loss {losses['draft']:.3f}  "
-                  f"{rate:.2f} s/step  elapsed {elapsed / 60:.1f} min  eta {rate * (args.steps - step - 1) / 60:.1f} min",
-                  flush=True)
+            print(
+                f"step {step + 1}/{args.steps}  target loss {losses['target']:.3f}  draft loss {losses['draft']:.3f}  "
+                f"{rate:.2f} s/step  elapsed {elapsed / 60:.1f} min  eta {rate * (args.steps - step - 1) / 60:.1f} min",
+                flush=True,
+            )
         if args.time_budget is not None and elapsed > args.time_budget * 60:
             print(f"time budget of {args.time_budget} min reached after {step + 1} steps", flush=True)
             break

@@ -33,12 +33,17 @@ class SpeculativeImageTextToTextPipeline(ImageTextToTextPipeline):
             final_is_assistant = inputs.messages[-1]["role"] == "assistant"
             continue_final = final_is_assistant if continue_final_message is None else continue_final_message
             text = self.processor.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=not continue_final, continue_final_message=continue_final
+                messages,
+                tokenize=False,
+                add_generation_prompt=not continue_final,
+                continue_final_message=continue_final,
             )
             model_inputs = self.visual_inputs(text, images=images, videos=videos).to(dtype=self.dtype)
             model_inputs["text"] = inputs
             return model_inputs
-        return super().preprocess(inputs, timeout=timeout, continue_final_message=continue_final_message, **processing_kwargs)
+        return super().preprocess(
+            inputs, timeout=timeout, continue_final_message=continue_final_message, **processing_kwargs
+        )
 
     def _forward(self, model_inputs, generate_kwargs=None):
         generate_kwargs = self._prepare_generate_kwargs(generate_kwargs or {}, return_dict_in_generate=False)
@@ -112,8 +117,13 @@ def pipeline(
         target, draft = model, draft_model
         visual_inputs = processor if isinstance(processor, VisualInputs) else VisualInputs(processor)
     speculative = SpeculativeVLM(
-        target, draft, policy, pruning=pruning, prune_ratio=prune_ratio,
-        vocab_size=len(visual_inputs.tokenizer), processor=visual_inputs,
+        target,
+        draft,
+        policy,
+        pruning=pruning,
+        prune_ratio=prune_ratio,
+        vocab_size=len(visual_inputs.tokenizer),
+        processor=visual_inputs,
     )
     return hf_pipeline(
         task,

@@ -22,7 +22,9 @@ def resolve_policy(policy: str | SageConfig | TreePolicy) -> TreePolicy:
         return StaticTreePolicy()
     if policy == "sage":
         return SagePolicy()
-    raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICY_NAMES)}, a SageConfig or a TreePolicy")
+    raise ValueError(
+        f"unknown policy {policy!r}; choose one of {', '.join(POLICY_NAMES)}, a SageConfig or a TreePolicy"
+    )
 
 
 __all__ = [

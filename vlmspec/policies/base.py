@@ -61,7 +61,7 @@ class RankTreePlan(TreePlan):
         self.top_k = max(max(p) for p in self.paths) + 1
         self._masks: list[torch.Tensor] = []
         frontier: list[tuple[int, ...]] = [()]
-        for level in range(1, self.depth + 1):
+        for _ in range(self.depth):
             mask = torch.zeros(len(frontier), self.top_k, dtype=torch.bool)
             children = []
             for row, parent in enumerate(frontier):

@@ -8,7 +8,7 @@ through `transformers` itself; video frames go through the family's packer in `v
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import lru_cache
+from functools import cache
 from typing import Any, Protocol
 
 import numpy as np
@@ -29,7 +29,7 @@ class VideoPacker(Protocol):
     def collate(self, packed: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]: ...
 
 
-@lru_cache(maxsize=None)
+@cache
 def image_only(processor_class: type[ProcessorMixin]) -> type[ProcessorMixin]:
     """The processor class without its video-processor slot (text and images behave exactly as in the original).
 
@@ -96,9 +96,12 @@ class VisualInputs:
             marker = self.video_packer.marker
             parts = text.split(marker)
             if len(parts) - 1 != len(videos):
-                raise ValueError(f"the prompt has {len(parts) - 1} video placeholders ({marker}) for {len(videos)} videos")
+                raise ValueError(
+                    f"the prompt has {len(parts) - 1} video placeholders ({marker}) for {len(videos)} videos"
+                )
             packed = [self.video_packer(v) for v in videos]
-            text = parts[0] + "".join(placeholder + part for (_, placeholder), part in zip(packed, parts[1:]))
+            placeholders = [placeholder for _, placeholder in packed]
+            text = parts[0] + "".join(p + part for p, part in zip(placeholders, parts[1:], strict=True))
             video_inputs = self.video_packer.collate([tensors for tensors, _ in packed])
         inputs = self.processor(text=[text], images=list(images) if images else None, return_tensors="pt")
         inputs.update(video_inputs)

@@ -129,7 +129,9 @@ def sample_indices(
     first = 0 if start is None else max(0, math.floor(start * native_fps))
     last = total - 1 if end is None else min(total - 1, math.ceil(end * native_fps) - 1)
     if total <= 0 or last < first:
-        raise NoFramesError(f"no frames between {start or 0}s and {end if end is not None else 'the end'} of {total} frames")
+        raise NoFramesError(
+            f"no frames between {start or 0}s and {end if end is not None else 'the end'} of {total} frames"
+        )
     if num_frames is None:
         fps = DEFAULT_FPS if fps is None else fps
         max_frames = DEFAULT_MAX_FRAMES if max_frames is None else max_frames

@@ -30,7 +30,11 @@ def chat_messages(prompt: str, num_images: int = 0, num_videos: int = 0) -> list
                 f"{num_videos} videos were given"
             )
         content = [
-            {"type": "image"} if p == IMAGE_MARKER else {"type": "video"} if p == VIDEO_MARKER else {"type": "text", "text": p}
+            {"type": "image"}
+            if p == IMAGE_MARKER
+            else {"type": "video"}
+            if p == VIDEO_MARKER
+            else {"type": "text", "text": p}
             for p in parts
         ]
         if not any(c["type"] == "text" and c["text"].strip() for c in content):

@@ -35,7 +35,9 @@ class QwenVideoPatcher:
         video = video.permute(0, 3, 1, 2).float()
         height, width = video.shape[-2:]
         factor = self.patch_size * self.merge_size
-        new_h, new_w = smart_resize(height, width, factor=factor, min_pixels=self.min_pixels, max_pixels=self.max_pixels)
+        new_h, new_w = smart_resize(
+            height, width, factor=factor, min_pixels=self.min_pixels, max_pixels=self.max_pixels
+        )
         if (new_h, new_w) != (height, width):
             video = F.interpolate(video, size=(new_h, new_w), mode="bicubic", antialias=True, align_corners=False)
             video = video.round().clamp(0, 255)

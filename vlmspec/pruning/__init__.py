@@ -30,7 +30,9 @@ class PruningConfig:
 
     def __post_init__(self):
         if self.method not in PRUNING_METHODS:
-            raise ValueError(f"unknown pruning method {self.method!r}; choose one of {', '.join(PRUNING_METHODS)} or None")
+            raise ValueError(
+                f"unknown pruning method {self.method!r}; choose one of {', '.join(PRUNING_METHODS)} or None"
+            )
         if self.ratio is not None and not 0.0 <= self.ratio < 1.0:
             raise ValueError(f"prune_ratio must be in [0, 1), got {self.ratio}")
 

@@ -34,11 +34,15 @@ def select_uniform(groups: torch.Tensor, ratio: float) -> torch.Tensor:
 def select_random(groups: torch.Tensor, ratio: float, seed: int = 0) -> torch.Tensor:
     """A seeded random sample within each group."""
     generator = torch.Generator().manual_seed(seed)
-    return _per_group(groups, ratio, lambda members, k: members[torch.randperm(members.shape[0], generator=generator)[:k]])
+    return _per_group(
+        groups, ratio, lambda members, k: members[torch.randperm(members.shape[0], generator=generator)[:k]]
+    )
 
 
-def select_two_stage(groups: torch.Tensor, ratio: float, scores: torch.Tensor, verifier_share: float = 0.5) -> torch.Tensor:
-    """Stage I: a group's highest-scoring tokens, `verifier_share` of its budget; stage II: an even spread of the rest."""
+def select_two_stage(
+    groups: torch.Tensor, ratio: float, scores: torch.Tensor, verifier_share: float = 0.5
+) -> torch.Tensor:
+    """Stage I: a group's top-scoring tokens, `verifier_share` of its budget; stage II: an even spread of the rest."""
     if not 0.0 <= verifier_share <= 1.0:
         raise ValueError(f"verifier_share must be in [0, 1], got {verifier_share}")
     scores = scores.cpu()
@@ -57,7 +61,7 @@ def _per_group(groups: torch.Tensor, ratio: float, pick) -> torch.Tensor:
     _, budgets = group_budgets(groups, ratio)
     order = torch.argsort(groups, stable=True)
     chosen, start = [], 0
-    for count, k in zip(torch.bincount(groups).tolist() if groups.numel() else [], budgets.tolist()):
+    for count, k in zip(torch.bincount(groups).tolist() if groups.numel() else [], budgets.tolist(), strict=True):
         members = order[start : start + count]
         chosen.append(pick(members, k))
         start += count

@@ -41,7 +41,12 @@ def tiny_llava_onevision_processor() -> VisualInputs:
 
 
 def tiny_llava_onevision(
-    seed: int = 0, hidden_size: int = 64, num_layers: int = 2, heads: int = 4, kv_heads: int = 2, logit_scale: float = 20.0
+    seed: int = 0,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    logit_scale: float = 20.0,
 ) -> LlavaOnevisionForConditionalGeneration:
     """A random LLaVA-OneVision (SigLIP tower, Qwen2 language model, 1-D RoPE), float32, eval mode."""
     tokenizer = llava_tokenizer()

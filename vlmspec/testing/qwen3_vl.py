@@ -95,7 +95,12 @@ def _special_ids() -> dict[str, int]:
 
 
 def tiny_qwen3_vl(
-    seed: int = 0, hidden_size: int = 64, num_layers: int = 2, heads: int = 4, kv_heads: int = 2, logit_scale: float = 20.0
+    seed: int = 0,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    logit_scale: float = 20.0,
 ) -> Qwen3VLForConditionalGeneration:
     """A random dense Qwen3-VL (interleaved M-RoPE, deepstack into both decoder layers), float32, eval mode."""
     config = Qwen3VLConfig(
@@ -108,7 +113,12 @@ def tiny_qwen3_vl(
 
 
 def tiny_qwen3_vl_moe(
-    seed: int = 0, hidden_size: int = 64, num_layers: int = 2, heads: int = 4, kv_heads: int = 2, logit_scale: float = 20.0
+    seed: int = 0,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    logit_scale: float = 20.0,
 ) -> Qwen3VLMoeForConditionalGeneration:
     """A random Qwen3-VL-MoE (8 experts, 2 per token) that a dense `tiny_qwen3_vl` can draft for."""
     config = Qwen3VLMoeConfig(
