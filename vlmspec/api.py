@@ -18,7 +18,7 @@ _PAIRS: dict[tuple, SpeculativeVLM] = {}
 def load_pair(model: str | None = None, draft: str | None = None, **load_kwargs: Any) -> SpeculativeVLM:
     """The pair for `model`/`draft` (hub ids or paths), loaded on first use and cached for the process.
 
-    With neither given, the bundled demo pair.
+    With neither given, the bundled demo pair (shipped in bfloat16, computed in float32 unless `torch_dtype` says).
     """
     if model is None and draft is None:
         pair = demo_pair()
@@ -28,6 +28,8 @@ def load_pair(model: str | None = None, draft: str | None = None, **load_kwargs:
                 "(hub ids or local directories of a supported VLM and its draft)"
             )
         model, draft = pair
+        if load_kwargs.get("torch_dtype") is None:
+            load_kwargs["torch_dtype"] = torch.float32
     if model is None or draft is None:
         raise ValueError(f"pass both model= and draft= (got model={model!r}, draft={draft!r})")
     key = (str(model), str(draft), tuple(sorted((k, repr(v)) for k, v in load_kwargs.items() if v is not None)))
@@ -74,15 +76,7 @@ def generate(
         target_quantization=target_quantization,
         draft_quantization=draft_quantization,
     )
-    runner = SpeculativeVLM(
-        spec.target,
-        spec.draft,
-        policy,
-        pruning=pruning,
-        prune_ratio=prune_ratio,
-        vocab_size=len(spec.processor.tokenizer),
-        processor=spec.processor,
-    )
+    runner = spec.with_options(policy, pruning, prune_ratio)
     prompts = [prompt] if isinstance(prompt, str) else list(prompt)
     sampling = dict(num_frames=num_frames, fps=fps, max_frames=max_frames, start=start, end=end)
     texts, stats = [], []

@@ -37,10 +37,7 @@ def _caption(args: argparse.Namespace) -> None:
 
     def spec_factory(state):
         device_map = None if state.device.type == "cpu" else {"": str(state.device)}
-        spec = load_pair(args.model, args.draft, device_map=device_map)
-        return spec.__class__(
-            spec.target, spec.draft, args.policy, vocab_size=len(spec.processor.tokenizer), processor=spec.processor
-        )
+        return load_pair(args.model, args.draft, device_map=device_map).with_options(args.policy)
 
     settings = CaptionSettings(
         prompt=args.prompt,

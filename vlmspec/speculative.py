@@ -70,6 +70,7 @@ class SpeculativeVLM:
         self.target = target
         self.draft = draft
         self.processor = processor
+        self.vocab_size = vocab_size
         self._target_runner = ModelRunner(adapter_for(target))
         self._draft_runner = ModelRunner(adapter_for(draft))
         vocab_limit = check_vocabularies(target, draft, vocab_size)
@@ -79,6 +80,23 @@ class SpeculativeVLM:
             self._target_runner, self._draft_runner, self.policy, vocab_limit, self.pruning
         )
         self.last_stats: SpecStats | None = None
+
+    def with_options(
+        self,
+        policy: str | SageConfig | TreePolicy = "sage",
+        pruning: str | PruningConfig | None = "verifier",
+        prune_ratio: float | None = None,
+    ) -> SpeculativeVLM:
+        """The same models and processor with another policy or pruning (nothing is loaded or copied)."""
+        return SpeculativeVLM(
+            self.target,
+            self.draft,
+            policy,
+            pruning=pruning,
+            prune_ratio=prune_ratio,
+            vocab_size=self.vocab_size,
+            processor=self.processor,
+        )
 
     @classmethod
     def from_pretrained(

@@ -109,11 +109,11 @@ class SpeculativeDecoder:
 
     def _decode(self, target_inputs, draft_inputs, settings, sink, stats, timer) -> None:
         target, draft, policy, pruning = self.target, self.draft, self.policy, self.pruning
-        layout = target.adapter.visual_layout(target_inputs) if pruning is not None else None
-        prune = layout is not None and bool(layout.mask.any())
-        scorer = (
-            VerifierScores(target.adapter, layout, pruning.layers) if prune and pruning.method == "verifier" else None
-        )
+        with timer("pruning"):
+            layout = target.adapter.visual_layout(target_inputs) if pruning is not None else None
+            prune = layout is not None and bool(layout.mask.any())
+            verifier = prune and pruning.method == "verifier"
+            scorer = VerifierScores(target.adapter, layout, pruning.layers) if verifier else None
         with timer("target_prefill"), scorer or nullcontext():
             logits = target.prefill(target_inputs)
             first = settings.choice.first(logits, sink.sequence)

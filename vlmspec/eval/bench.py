@@ -114,7 +114,7 @@ def run_bench(
     entropies: list[np.ndarray] = []
     bar = tqdm(total=len(methods) * (len(inputs) + 1), desc=f"bench {suite}", disable=not progress)
     for method in methods:
-        runner = _runner(spec, method)
+        runner = _Runner(spec, method)
         runner(inputs[0], max_new_tokens)
         bar.update()
         for index, item in enumerate(inputs):
@@ -165,9 +165,7 @@ class _Runner:
         self.spec = None
         if method in _SPEC_METHODS:
             policy, pruning = _SPEC_METHODS[method]
-            self.spec = SpeculativeVLM(
-                spec.target, spec.draft, policy, pruning=pruning, vocab_size=len(spec.processor.tokenizer)
-            )
+            self.spec = spec.with_options(policy, pruning)
 
     @torch.inference_mode()
     def __call__(self, inputs: dict[str, torch.Tensor], max_new_tokens: int):
@@ -179,10 +177,6 @@ class _Runner:
             return out, None
         out = self.target.generate(**inputs, output_scores=True, return_dict_in_generate=True, **kwargs)
         return out.sequences, out.scores
-
-
-def _runner(spec: SpeculativeVLM, method: str) -> _Runner:
-    return _Runner(spec, method)
 
 
 def markdown_report(results: dict[str, Any], command: str) -> str:

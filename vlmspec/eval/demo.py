@@ -9,7 +9,6 @@ import torch
 from ..api import load_pair
 from ..demo_models import DEMO_DIR, demo_pair
 from ..processors import chat_messages, load_image, load_video
-from ..speculative import SpeculativeVLM
 from .synthetic import IMAGE_PROMPT, VIDEO_PROMPT
 
 
@@ -21,7 +20,7 @@ def run_demo(max_new_tokens: int = 200, policy: str = "sage") -> None:
         )
     spec = load_pair(torch_dtype=torch.float32)
     processor = spec.processor
-    runner = SpeculativeVLM(spec.target, spec.draft, policy, vocab_size=len(processor.tokenizer))
+    runner = spec.with_options(policy)
     samples = DEMO_DIR / "samples"
     cases = [
         ("image", samples / "sample.png", IMAGE_PROMPT, {"images": [load_image(samples / "sample.png")]}),
