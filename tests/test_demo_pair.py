@@ -1,0 +1,34 @@
+"""The bundled demo pair: installed with the package, loadable, and exact on its sample media."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+import vlmspec
+from vlmspec.demo_models import DEMO_DIR, demo_pair
+from vlmspec.processors import chat_messages, load_image, load_video
+
+
+def test_the_demo_pair_is_bundled_within_the_size_budget():
+    assert demo_pair() is not None
+    size = sum(f.stat().st_size for f in DEMO_DIR.rglob("*") if f.is_file())
+    assert size < 60 * 2**20
+    log = json.loads((DEMO_DIR / "training_log.json").read_text())
+    assert log["held_out_accuracy"]["target"]["colour_recall"] > 0
+
+
+def test_the_demo_pair_decodes_its_samples_exactly():
+    spec = vlmspec.load_pair()
+    assert spec.target.dtype == torch.float32
+    processor = spec.processor
+    cases = [
+        ("Describe the image in detail.", {"images": [load_image(DEMO_DIR / "samples" / "sample.png")]}),
+        ("Describe the video in detail.", {"videos": [load_video(DEMO_DIR / "samples" / "sample.mp4")]}),
+    ]
+    for prompt, media in cases:
+        messages = chat_messages(prompt, len(media.get("images", [])), len(media.get("videos", [])))
+        inputs = processor(processor.apply_chat_template(messages), **media)
+        expected = spec.target.generate(**inputs, do_sample=False, max_new_tokens=40)
+        assert torch.equal(spec.generate(**inputs, max_new_tokens=40), expected)
