@@ -99,6 +99,15 @@ FAMILIES = {
 }
 
 
+def save_pair(family: Family, root, draft: str = "noisy") -> tuple[str, str]:
+    """Write the target with its processor and a draft with the tokenizer, as `save_pretrained` directories."""
+    family.target.save_pretrained(root / "target")
+    family.processor.save_pretrained(root / "target")
+    family.drafts[draft].save_pretrained(root / "draft")
+    family.processor.tokenizer.save_pretrained(root / "draft")
+    return str(root / "target"), str(root / "draft")
+
+
 @pytest.fixture(scope="session", params=list(FAMILIES))
 def family(request) -> Family:
     return FAMILIES[request.param]

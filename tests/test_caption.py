@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import FAMILIES
+from conftest import FAMILIES, save_pair
 from media_files import write_image, write_video
 
 from vlmspec.captioning import discover_inputs, read_records
@@ -20,13 +20,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    qwen = FAMILIES["qwen2_5_vl"]
-    root = tmp_path_factory.mktemp("pair")
-    qwen.target.save_pretrained(root / "target")
-    qwen.processor.save_pretrained(root / "target")
-    qwen.drafts["noisy"].save_pretrained(root / "draft")
-    qwen.processor.tokenizer.save_pretrained(root / "draft")
-    return str(root / "target"), str(root / "draft")
+    return save_pair(FAMILIES["qwen2_5_vl"], tmp_path_factory.mktemp("pair"))
 
 
 @pytest.fixture

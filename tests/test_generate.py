@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import FAMILIES
+from conftest import FAMILIES, save_pair
 from media_files import write_image, write_video
 
 import vlmspec
@@ -15,13 +15,7 @@ from vlmspec.testing import build_tokenizer
 
 @pytest.fixture(scope="module")
 def pair_dirs(tmp_path_factory):
-    qwen = FAMILIES["qwen2_5_vl"]
-    root = tmp_path_factory.mktemp("pair")
-    qwen.target.save_pretrained(root / "target")
-    qwen.processor.save_pretrained(root / "target")
-    qwen.drafts["noisy"].save_pretrained(root / "draft")
-    qwen.processor.tokenizer.save_pretrained(root / "draft")
-    return str(root / "target"), str(root / "draft")
+    return save_pair(FAMILIES["qwen2_5_vl"], tmp_path_factory.mktemp("pair"))
 
 
 @pytest.fixture(scope="module")

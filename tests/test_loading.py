@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import FAMILIES
+from conftest import FAMILIES, save_pair
 
 from vlmspec import SpeculativeVLM, UnsupportedModelError, VocabularyMismatchError
 from vlmspec.processors import VisualInputs
@@ -15,16 +15,7 @@ from vlmspec.testing.llava_onevision import llava_tokenizer
 @pytest.fixture(scope="module")
 def saved_pairs(tmp_path_factory):
     """Per family: target and processor in one directory, independent draft and tokenizer in another."""
-    pairs = {}
-    for name, family in FAMILIES.items():
-        root = tmp_path_factory.mktemp(name)
-        target_dir, draft_dir = root / "target", root / "draft"
-        family.target.save_pretrained(target_dir)
-        family.processor.save_pretrained(target_dir)
-        family.drafts["independent"].save_pretrained(draft_dir)
-        family.processor.tokenizer.save_pretrained(draft_dir)
-        pairs[name] = (str(target_dir), str(draft_dir))
-    return pairs
+    return {name: save_pair(family, tmp_path_factory.mktemp(name), "independent") for name, family in FAMILIES.items()}
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))

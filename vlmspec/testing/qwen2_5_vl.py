@@ -32,6 +32,62 @@ def tiny_processor() -> VisualInputs:
     return VisualInputs(processor, QwenVideoPacker(patcher, timestamps=False))
 
 
+def qwen2_5_vl_model(
+    tokenizer,
+    hidden_size: int,
+    num_layers: int,
+    heads: int,
+    kv_heads: int,
+    intermediate_size: int,
+    vision_depth: int = 2,
+    vision_hidden: int = 32,
+    vision_heads: int = 2,
+    window_size: int = 56,
+    max_positions: int = 4096,
+) -> Qwen2_5_VLForConditionalGeneration:
+    """A randomly initialised Qwen2.5-VL sharing `tokenizer`'s ids (M-RoPE sections in Qwen's 2:3:3 proportion)."""
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_SPECIAL_TOKENS}
+    head_dim = hidden_size // heads
+    config = Qwen2_5_VLConfig(
+        text_config=dict(
+            vocab_size=len(tokenizer),
+            hidden_size=hidden_size,
+            intermediate_size=intermediate_size,
+            num_hidden_layers=num_layers,
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            max_position_embeddings=max_positions,
+            rope_parameters={
+                "rope_type": "default",
+                "mrope_section": [head_dim // 8, 3 * head_dim // 16, 3 * head_dim // 16],
+                "rope_theta": 10000.0,
+            },
+            bos_token_id=ids["<|endoftext|>"],
+            eos_token_id=ids["<|im_end|>"],
+            pad_token_id=ids["<|endoftext|>"],
+        ),
+        vision_config=dict(
+            depth=vision_depth,
+            hidden_size=vision_hidden,
+            intermediate_size=vision_hidden * 2,
+            num_heads=vision_heads,
+            out_hidden_size=hidden_size,
+            fullatt_block_indexes=list(range(1, vision_depth, 2)),
+            window_size=window_size,
+            tokens_per_second=2,
+        ),
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=False,
+    )
+    model = Qwen2_5_VLForConditionalGeneration(config)
+    model.generation_config.eos_token_id = ids["<|im_end|>"]
+    model.generation_config.pad_token_id = ids["<|endoftext|>"]
+    return model
+
+
 def tiny_qwen2_5_vl(
     seed: int = 0,
     hidden_size: int = 64,
@@ -41,45 +97,6 @@ def tiny_qwen2_5_vl(
     logit_scale: float = 20.0,
 ) -> Qwen2_5_VLForConditionalGeneration:
     """A random Qwen2.5-VL sized for unit tests (float32, eval mode), sharing the tiny tokenizer's ids."""
-    ids = qwen_token_ids()
-    head_dim = hidden_size // heads
-    quarter = head_dim // 2 // 4
-    config = Qwen2_5_VLConfig(
-        text_config=dict(
-            vocab_size=len(build_tokenizer()),
-            hidden_size=hidden_size,
-            intermediate_size=hidden_size * 2,
-            num_hidden_layers=num_layers,
-            num_attention_heads=heads,
-            num_key_value_heads=kv_heads,
-            max_position_embeddings=4096,
-            rope_parameters={
-                "rope_type": "default",
-                "mrope_section": [head_dim // 2 - 2 * quarter, quarter, quarter],
-                "rope_theta": 10000.0,
-            },
-            bos_token_id=ids["<|endoftext|>"],
-            eos_token_id=ids["<|im_end|>"],
-            pad_token_id=ids["<|endoftext|>"],
-        ),
-        vision_config=dict(
-            depth=2,
-            hidden_size=32,
-            intermediate_size=64,
-            num_heads=2,
-            out_hidden_size=hidden_size,
-            fullatt_block_indexes=[1],
-            window_size=56,
-            tokens_per_second=2,
-        ),
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
-        tie_word_embeddings=False,
-    )
     torch.manual_seed(seed)
-    model = Qwen2_5_VLForConditionalGeneration(config)
-    model.generation_config.eos_token_id = ids["<|im_end|>"]
-    model.generation_config.pad_token_id = ids["<|endoftext|>"]
+    model = qwen2_5_vl_model(build_tokenizer(), hidden_size, num_layers, heads, kv_heads, hidden_size * 2)
     return sharpen(model, logit_scale)

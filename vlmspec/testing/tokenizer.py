@@ -50,13 +50,13 @@ _CORPUS = (
 )
 
 
-@lru_cache(maxsize=8)
-def build_tokenizer(
-    vocab_size: int = 320,
+def train_tokenizer(
+    texts: list[str],
+    vocab_size: int,
     special_tokens: tuple[str, ...] = QWEN_SPECIAL_TOKENS,
     chat_template: str = QWEN_CHAT_TEMPLATE,
 ) -> PreTrainedTokenizerFast:
-    """A deterministic tokenizer trained on a built-in corpus; every string is encodable (byte-level)."""
+    """A byte-level BPE tokenizer trained on `texts` (every string stays encodable), ending turns with <|im_end|>."""
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -66,10 +66,17 @@ def build_tokenizer(
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator([line for line in _CORPUS for _ in range(8)], trainer)
+    tokenizer.train_from_iterator(texts, trainer)
     return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        chat_template=chat_template,
+        tokenizer_object=tokenizer, eos_token="<|im_end|>", pad_token="<|endoftext|>", chat_template=chat_template
     )
+
+
+@lru_cache(maxsize=8)
+def build_tokenizer(
+    vocab_size: int = 320,
+    special_tokens: tuple[str, ...] = QWEN_SPECIAL_TOKENS,
+    chat_template: str = QWEN_CHAT_TEMPLATE,
+) -> PreTrainedTokenizerFast:
+    """The fixtures' tokenizer: trained on a small built-in corpus, deterministic."""
+    return train_tokenizer([line for line in _CORPUS for _ in range(8)], vocab_size, special_tokens, chat_template)
