@@ -4,7 +4,8 @@ Every input gets exactly one line: `{"path", "caption", "new_tokens", "tau", "se
 "error_type"}`. Lines are written whole and flushed one by one, so an interrupted run leaves a valid file (a torn
 last line from a hard kill is dropped on resume). `resume` skips inputs already recorded. Under `accelerate launch`
 the inputs are split over the processes, each writing its own shard, and the first process merges the shards into
-the output (no duplicates, input order) with an atomic replace.
+the output (no duplicates, input order) with an atomic replace. Every process checks for an existing output
+before any writes, so a refused run stops on all of them.
 """
 
 from __future__ import annotations
@@ -44,21 +45,28 @@ def discover_inputs(sources: Iterable[str | os.PathLike]) -> list[str]:
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
-    """The complete records of a JSON-lines file; a torn last line is cut off the file."""
+    """The complete records of a JSON-lines file (a torn last line, without its newline, is ignored)."""
     if not path.exists():
         return []
     data = path.read_bytes()
-    end = data.rfind(b"\n") + 1
-    if end < len(data):
-        with open(path, "r+b") as f:
-            f.truncate(end)
     records = []
-    for line in data[:end].decode("utf-8").splitlines():
+    for line in data[: data.rfind(b"\n") + 1].decode("utf-8").splitlines():
         try:
             records.append(json.loads(line))
         except json.JSONDecodeError:
             continue
     return records
+
+
+def cut_torn_line(path: Path) -> None:
+    """Drop a last line that a hard kill left without its newline, so appended records start on a line of their own."""
+    if not path.exists():
+        return
+    data = path.read_bytes()
+    end = data.rfind(b"\n") + 1
+    if end < len(data):
+        with open(path, "r+b") as f:
+            f.truncate(end)
 
 
 class RecordWriter:
@@ -214,8 +222,11 @@ def run_captioning(
 
     state = PartialState()
     paths = discover_inputs(sources)
-    if not resume and state.is_main_process and (out.exists() or shard_paths(out)):
+    if not resume and (out.exists() or shard_paths(out)):
         raise FileExistsError(f"{out} already exists: pass --resume to continue it, or choose another --out")
+    if resume and state.is_main_process:
+        for f in [out, *shard_paths(out)]:
+            cut_torn_line(f)
     state.wait_for_everyone()
     done = recorded(out) if resume else set()
     todo = [p for p in paths if p not in done]
