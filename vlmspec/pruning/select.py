@@ -58,10 +58,10 @@ def select_two_stage(
 
 def _per_group(groups: torch.Tensor, ratio: float, pick) -> torch.Tensor:
     groups = groups.cpu()
-    _, budgets = group_budgets(groups, ratio)
+    counts, budgets = group_budgets(groups, ratio)
     order = torch.argsort(groups, stable=True)
     chosen, start = [], 0
-    for count, k in zip(torch.bincount(groups).tolist() if groups.numel() else [], budgets.tolist(), strict=True):
+    for count, k in zip(counts.tolist(), budgets.tolist(), strict=True):
         members = order[start : start + count]
         chosen.append(pick(members, k))
         start += count
