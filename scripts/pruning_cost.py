@@ -13,25 +13,7 @@ import statistics
 import torch
 
 from vlmspec import SpeculativeVLM
-from vlmspec.testing import (
-    chat_inputs,
-    noisy_copy,
-    sample_frames,
-    tiny_llava_onevision,
-    tiny_llava_onevision_processor,
-    tiny_processor,
-    tiny_qwen2_5_vl,
-    tiny_qwen3_vl,
-    tiny_qwen3_vl_moe,
-    tiny_qwen3_vl_processor,
-)
-
-FAMILIES = {
-    "qwen2_5_vl": (tiny_processor, tiny_qwen2_5_vl),
-    "qwen3_vl": (tiny_qwen3_vl_processor, tiny_qwen3_vl),
-    "qwen3_vl_moe": (tiny_qwen3_vl_processor, tiny_qwen3_vl_moe),
-    "llava_onevision": (tiny_llava_onevision_processor, tiny_llava_onevision),
-}
+from vlmspec.testing import TINY_FAMILIES, chat_inputs, noisy_copy, sample_frames
 
 
 def median_stats(spec: SpeculativeVLM, inputs: dict, repeats: int) -> dict[str, float]:
@@ -62,7 +44,7 @@ def main() -> None:
         f"{'family':<16} {'prompt':>6} {'pruning/prefill':>15} {'draft tokens':>13} "
         f"{'draft prefill ms (none -> 90%)':>31} {'ratio':>6}"
     )
-    for name, (make_processor, make_target) in FAMILIES.items():
+    for name, (make_processor, make_target) in TINY_FAMILIES.items():
         target = make_target(0, hidden_size=args.hidden_size, num_layers=args.layers)
         draft = noisy_copy(target, 0.05)
         frames = sample_frames(0, num_frames=args.frames, size=(args.size, args.size))

@@ -10,17 +10,14 @@ import pytest
 import torch
 
 from vlmspec.testing import (
+    TINY_FAMILIES,
     chat_inputs,
     noisy_copy,
     sample_frames,
     sample_image,
     tiny_llava_onevision,
-    tiny_llava_onevision_processor,
-    tiny_processor,
     tiny_qwen2_5_vl,
     tiny_qwen3_vl,
-    tiny_qwen3_vl_moe,
-    tiny_qwen3_vl_processor,
 )
 
 torch.set_num_threads(2)
@@ -79,23 +76,16 @@ class Family:
         return self._references[key]
 
 
+#: Per family, the independent draft: a narrower random model (for the MoE target, a dense Qwen3-VL).
+INDEPENDENT_DRAFTS = {
+    "qwen2_5_vl": lambda: tiny_qwen2_5_vl(1, hidden_size=32, heads=2, kv_heads=1),
+    "qwen3_vl": lambda: tiny_qwen3_vl(1, hidden_size=32, heads=2, kv_heads=1),
+    "qwen3_vl_moe": lambda: tiny_qwen3_vl(2),
+    "llava_onevision": lambda: tiny_llava_onevision(1, hidden_size=32, heads=2, kv_heads=1),
+}
 FAMILIES = {
-    "qwen2_5_vl": Family(
-        "qwen2_5_vl", tiny_processor, tiny_qwen2_5_vl, lambda: tiny_qwen2_5_vl(1, hidden_size=32, heads=2, kv_heads=1)
-    ),
-    "qwen3_vl": Family(
-        "qwen3_vl",
-        tiny_qwen3_vl_processor,
-        tiny_qwen3_vl,
-        lambda: tiny_qwen3_vl(1, hidden_size=32, heads=2, kv_heads=1),
-    ),
-    "qwen3_vl_moe": Family("qwen3_vl_moe", tiny_qwen3_vl_processor, tiny_qwen3_vl_moe, lambda: tiny_qwen3_vl(2)),
-    "llava_onevision": Family(
-        "llava_onevision",
-        tiny_llava_onevision_processor,
-        tiny_llava_onevision,
-        lambda: tiny_llava_onevision(1, hidden_size=32, heads=2, kv_heads=1),
-    ),
+    name: Family(name, make_processor, make_target, INDEPENDENT_DRAFTS[name])
+    for name, (make_processor, make_target) in TINY_FAMILIES.items()
 }
 
 

@@ -38,27 +38,21 @@ def collection(tmp_path):
     return [str(media), str(listing)]
 
 
-def caption(pair, inputs, out, *extra, check=True, **kwargs):
-    command = [
-        sys.executable,
-        "-m",
-        "vlmspec.cli",
-        "caption",
-        *inputs,
-        "--out",
-        str(out),
-        "--model",
-        pair[0],
-        "--draft",
-        pair[1],
-        "--max-new-tokens",
-        "12",
-        "--num-frames",
-        "4",
-        "--no-progress",
-        *extra,
-    ]
-    return subprocess.run(command, env=ENV, capture_output=True, text=True, check=check, **kwargs)
+CLI = [sys.executable, "-m", "vlmspec.cli"]
+ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch", *"--num_processes 2 --num_machines 1".split()]
+ACCELERATE += [*"--mixed_precision no --dynamo_backend no --cpu -m vlmspec.cli".split()]
+
+
+def caption_args(pair, inputs, out, *extra, max_new_tokens=12) -> list[str]:
+    """`vlmspec caption` arguments for the saved tiny pair."""
+    model = ["--model", pair[0], "--draft", pair[1], "--max-new-tokens", str(max_new_tokens)]
+    return ["caption", *inputs, "--out", str(out), *model, "--num-frames", "4", "--no-progress", *extra]
+
+
+def caption(pair, inputs, out, *extra, check=True):
+    return subprocess.run(
+        CLI + caption_args(pair, inputs, out, *extra), env=ENV, capture_output=True, text=True, check=check
+    )
 
 
 def test_inputs_are_files_folders_and_lists(collection):
@@ -103,22 +97,7 @@ def test_a_run_killed_midway_and_resumed_records_every_input_once(pair, tmp_path
     for i in range(12):
         write_image(folder / f"img{i:02d}.png", seed=i)
     out = tmp_path / "captions.jsonl"
-    command = [
-        sys.executable,
-        "-m",
-        "vlmspec.cli",
-        "caption",
-        str(folder),
-        "--out",
-        str(out),
-        "--model",
-        pair[0],
-        "--draft",
-        pair[1],
-        "--max-new-tokens",
-        "48",
-        "--no-progress",
-    ]
+    command = CLI + caption_args(pair, [str(folder)], out, max_new_tokens=48)
     process = subprocess.Popen(command, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     while time.time() < deadline and len(read_records(out)) < 2:
@@ -137,35 +116,7 @@ def test_a_run_killed_midway_and_resumed_records_every_input_once(pair, tmp_path
 
 def test_two_processes_under_accelerate_shard_and_merge(pair, collection, tmp_path):
     out = tmp_path / "captions.jsonl"
-    command = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "--cpu",
-        "-m",
-        "vlmspec.cli",
-        "caption",
-        *collection,
-        "--out",
-        str(out),
-        "--model",
-        pair[0],
-        "--draft",
-        pair[1],
-        "--max-new-tokens",
-        "8",
-        "--num-frames",
-        "4",
-        "--no-progress",
-    ]
+    command = ACCELERATE + caption_args(pair, collection, out, max_new_tokens=8)
     subprocess.run(command, env=ENV, capture_output=True, text=True, check=True, timeout=300)
     records = read_records(out)
     assert [Path(r["path"]).name for r in records] == ["a.png", "c_broken.mp4", "b.mp4", "d.jpg", "extra.webp"]

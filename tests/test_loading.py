@@ -43,10 +43,11 @@ def test_loaded_processor_matches_the_one_that_was_saved(saved_pairs):
         assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_an_8bit_target_decodes_exactly_like_its_own_greedy_generate(saved_pairs):
+@pytest.mark.parametrize(("quantization", "policy"), [("8bit", "static-tree"), ("4bit", "chain")])
+def test_a_quantized_target_decodes_exactly_like_its_own_greedy_generate(saved_pairs, quantization, policy):
     target_dir, draft_dir = saved_pairs["qwen2_5_vl"]
-    spec = SpeculativeVLM.from_pretrained(target_dir, draft_dir, target_quantization="8bit", policy="static-tree")
-    assert "8bit" in type(spec.target.model.language_model.layers[0].self_attn.q_proj).__name__
+    spec = SpeculativeVLM.from_pretrained(target_dir, draft_dir, target_quantization=quantization, policy=policy)
+    assert quantization in type(spec.target.model.language_model.layers[0].self_attn.q_proj).__name__
     inputs = chat_inputs(spec.processor, "Describe the image in detail.", images=[sample_image(0)])
     expected = spec.target.generate(**inputs, do_sample=False, max_new_tokens=16)
     assert torch.equal(spec.generate(**inputs, max_new_tokens=16), expected)
@@ -75,15 +76,6 @@ def test_an_unsupported_checkpoint_is_named(tmp_path):
     llava_tokenizer().save_pretrained(tmp_path)
     with pytest.raises(UnsupportedModelError, match="gpt2"):
         SpeculativeVLM.from_pretrained(str(tmp_path), str(tmp_path))
-
-
-def test_a_4bit_target_decodes_exactly_like_its_own_greedy_generate(saved_pairs):
-    target_dir, draft_dir = saved_pairs["qwen2_5_vl"]
-    spec = SpeculativeVLM.from_pretrained(target_dir, draft_dir, target_quantization="4bit", policy="chain")
-    assert "4bit" in type(spec.target.model.language_model.layers[0].self_attn.q_proj).__name__
-    inputs = chat_inputs(spec.processor, "Describe the image in detail.", images=[sample_image(0)])
-    expected = spec.target.generate(**inputs, do_sample=False, max_new_tokens=16)
-    assert torch.equal(spec.generate(**inputs, max_new_tokens=16), expected)
 
 
 def test_device_map_auto_places_both_models_and_decodes_exactly(saved_pairs):

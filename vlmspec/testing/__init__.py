@@ -6,7 +6,16 @@ from .qwen2_5_vl import tiny_processor, tiny_qwen2_5_vl
 from .qwen3_vl import tiny_qwen3_vl, tiny_qwen3_vl_moe, tiny_qwen3_vl_processor
 from .tokenizer import build_tokenizer
 
+#: Per family: the factory of its tiny processor and of its tiny target (`factory(seed, hidden_size=...)`).
+TINY_FAMILIES = {
+    "qwen2_5_vl": (tiny_processor, tiny_qwen2_5_vl),
+    "qwen3_vl": (tiny_qwen3_vl_processor, tiny_qwen3_vl),
+    "qwen3_vl_moe": (tiny_qwen3_vl_processor, tiny_qwen3_vl_moe),
+    "llava_onevision": (tiny_llava_onevision_processor, tiny_llava_onevision),
+}
+
 __all__ = [
+    "TINY_FAMILIES",
     "build_tokenizer",
     "chat_inputs",
     "noisy_copy",
