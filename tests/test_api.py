@@ -75,11 +75,6 @@ def test_stats_describe_the_call(target, drafts, cases):
     assert sum(s.accepted + 1 for s in stats.steps) + 1 >= stats.new_tokens
 
 
-def test_do_sample_is_not_implemented_yet(target, cases):
-    with pytest.raises(NotImplementedError, match="do_sample"):
-        SpeculativeVLM(target, target).generate(**cases["text"], do_sample=True, max_new_tokens=4)
-
-
 def test_a_batch_of_two_is_refused_clearly(target, cases):
     ids = cases["text"]["input_ids"].repeat(2, 1)
     with pytest.raises(BatchSizeError, match="one sequence"):
@@ -96,13 +91,6 @@ def test_padded_inputs_are_refused_clearly(target, cases):
 def test_unknown_generate_arguments_are_refused(target, cases):
     with pytest.raises(TypeError, match="not_an_argument"):
         SpeculativeVLM(target, target).generate(**cases["text"], not_an_argument=1)
-
-
-def test_mismatched_vocabularies_are_refused(target):
-    other = tiny_qwen2_5_vl(seed=2)
-    other.resize_token_embeddings(other.config.get_text_config().vocab_size + 8)
-    with pytest.raises(VocabularyMismatchError, match="vocabulary"):
-        SpeculativeVLM(target, other)
 
 
 def test_mismatched_special_tokens_are_refused(target):

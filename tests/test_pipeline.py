@@ -64,3 +64,14 @@ def test_video_in_chat_messages_is_answered_like_the_target(pipelines, qwen):
 def test_other_tasks_are_refused():
     with pytest.raises(ValueError, match="image-text-to-text"):
         vlmspec.pipeline("text-generation", model="x", draft_model="y")
+
+
+def test_generation_settings_given_to_the_call_reach_generate(pipelines, qwen):
+    _, ours = pipelines
+    text = "<|vision_start|><|image_pad|><|vision_end|>Describe."
+    out = ours(images=sample_image(0), text=text, max_new_tokens=16, return_full_text=False, repetition_penalty=1.5)
+    inputs = qwen.processor(text, images=[sample_image(0)])
+    ids = qwen.target.generate(**inputs, do_sample=False, max_new_tokens=16, repetition_penalty=1.5)
+    expected = qwen.processor.tokenizer.decode(ids[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+    plain = ours(images=sample_image(0), text=text, max_new_tokens=16, return_full_text=False)
+    assert out[0]["generated_text"] == expected != plain[0]["generated_text"]

@@ -19,36 +19,49 @@ from .policies import SageConfig, TreePolicy, resolve_policy
 from .processors import load_processor
 from .pruning import PruningConfig, resolve_pruning
 
-_SPECIAL_TOKEN_ATTRIBUTES = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+_SPECIAL_TOKEN_ATTRIBUTES = (
+    "image_token_id",
+    "video_token_id",
+    "vision_start_token_id",
+    "vision_end_token_id",
+    "image_token_index",
+    "video_token_index",
+)
 
 
 def check_vocabularies(target: PreTrainedModel, draft: PreTrainedModel, vocab_size: int | None = None) -> int:
-    """Refuse a pair whose vocabularies or multimodal special tokens differ; returns how many ids the draft may propose.
+    """Refuse a pair whose multimodal special tokens differ; returns how many ids the draft may propose.
 
-    Output heads padded to different sizes pair up only when `vocab_size` (the shared tokenizer's length) says
-    which ids are real tokens.
+    Released pairs pad their output heads to different sizes (Qwen2.5-VL 7B 152064 rows, 3B 151936): only ids
+    below both heads, and below `vocab_size` (the tokenizer's length) when known, are real tokens of both.
     """
     target_vocab = target.get_output_embeddings().weight.shape[0]
     draft_vocab = draft.get_output_embeddings().weight.shape[0]
-    if vocab_size is None and target_vocab != draft_vocab:
-        raise VocabularyMismatchError(
-            f"the draft's vocabulary has {draft_vocab} tokens but the target's has {target_vocab}; "
-            "a draft must share the target's tokenizer (pass vocab_size when only the head padding differs)"
-        )
     if vocab_size is not None and vocab_size > min(target_vocab, draft_vocab):
         raise VocabularyMismatchError(
             f"the tokenizer has {vocab_size} tokens but the target's head has {target_vocab} "
             f"and the draft's {draft_vocab}"
         )
     for name in _SPECIAL_TOKEN_ATTRIBUTES:
-        t, d = getattr(target.config, name, None), getattr(draft.config, name, None)
+        t, d = _config_value(target.config, name), _config_value(draft.config, name)
         if t is not None and d is not None and t != d:
             raise VocabularyMismatchError(f"{name} is {d} in the draft but {t} in the target")
-    return vocab_size or target_vocab
+    return min(vocab_size or target_vocab, target_vocab, draft_vocab)
+
+
+def _config_value(config: Any, name: str) -> Any:
+    """`name` from a model config, looking into its text config too (Qwen3-VL nests its token ids)."""
+    value = getattr(config, name, None)
+    if value is None and hasattr(config, "get_text_config"):
+        value = getattr(config.get_text_config(), name, None)
+    return value
 
 
 class SpeculativeVLM:
-    """Drop-in for `target.generate` with greedy decoding: same token ids, fewer target forwards.
+    """Drop-in for `target.generate`: the same token ids, with fewer target forwards.
+
+    Decoding follows the target's own generation config (greedy, or sampling that keeps one token such as
+    Qwen2.5-VL-Instruct's `top_k=1`), with its logits processors applied to the draft's proposals too.
 
     `policy` is `"sage"` (default), `"chain"`, `"static-tree"`, a `SageConfig` or a `TreePolicy`. `pruning`
     (`"verifier"` by default, `"uniform"`, `"random"`, a `PruningConfig` or None) cuts the visual tokens the draft
@@ -73,11 +86,18 @@ class SpeculativeVLM:
         self.vocab_size = vocab_size
         self._target_runner = ModelRunner(adapter_for(target))
         self._draft_runner = ModelRunner(adapter_for(draft))
+        if vocab_size is None and processor is not None and getattr(processor, "tokenizer", None) is not None:
+            vocab_size = len(processor.tokenizer)
         vocab_limit = check_vocabularies(target, draft, vocab_size)
         self.policy = resolve_policy(policy)
         self.pruning = resolve_pruning(pruning, prune_ratio)
         self._decoder = SpeculativeDecoder(
-            self._target_runner, self._draft_runner, self.policy, vocab_limit, self.pruning
+            self._target_runner,
+            self._draft_runner,
+            self.policy,
+            vocab_limit,
+            self.pruning,
+            draft_input_limit=draft.get_input_embeddings().weight.shape[0],
         )
         self.last_stats: SpecStats | None = None
 
@@ -117,10 +137,15 @@ class SpeculativeVLM:
     ) -> SpeculativeVLM:
         """Load a pair (hub ids or directories) and the target's processor; refuse tokenizers that disagree.
 
+        `torch_dtype=None` loads float32 when no GPU is visible (the checkpoints' bfloat16 is slow on most CPUs,
+        and float32 tree verification equals one-token decoding), and the checkpoint's own dtype on a GPU.
+
         `device_map="auto"` spreads the target over the available GPUs; the draft goes to `draft_device_map`,
         by default the device holding the target's input embeddings.
         """
         check_tokenizers(target, draft, **hub_kwargs)
+        if torch_dtype is None:
+            torch_dtype = "auto" if torch.cuda.is_available() else torch.float32
         common = dict(torch_dtype=torch_dtype, attn_implementation=attn_implementation, **hub_kwargs)
         target_model = load_model(target, device_map=device_map, quantization=target_quantization, **common)
         if draft_device_map is None and device_map is not None:
@@ -145,7 +170,10 @@ class SpeculativeVLM:
         streamer: Any = None,
         **kwargs: Any,
     ) -> torch.Tensor | GenerateDecoderOnlyOutput:
-        """Greedy generation equal, token for token, to `target.generate(**inputs, do_sample=False)`."""
+        """Generation equal, token for token, to `target.generate(**inputs, **kwargs)` under the target's config.
+
+        A config that samples from more than one token raises `SamplingConfigError` (pass `do_sample=False`).
+        """
         if input_ids is None:
             raise ValueError("generate() needs input_ids (what the target's processor returned)")
         if input_ids.ndim != 2 or input_ids.shape[0] != 1:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from ..policies import TreePlan
+from .choice import NodeProcessing
 from .runner import ModelRunner
 from .tree import DraftTree, TreeBuilder, additive_mask
 
@@ -26,26 +27,61 @@ class Drafted:
 
 
 class Drafter:
-    """Feeds the pending tokens, then each tree level, to the draft; the plan picks children from its top-k."""
+    """Feeds the pending tokens, then each tree level, to the draft; the plan picks children from its top-k.
 
-    def __init__(self, runner: ModelRunner, vocab_limit: int):
+    The draft proposes only ids below `vocab_limit` (real tokens of both models, not head padding). Emitted tokens
+    the draft cannot embed (the target's padding rows) are fed as its last embedding row: that costs the draft's
+    accuracy, never the output's exactness.
+    """
+
+    def __init__(self, runner: ModelRunner, vocab_limit: int, input_limit: int):
         self.runner = runner
         self.vocab_limit = vocab_limit
+        self.input_limit = input_limit
         self.builder = TreeBuilder(0, runner.device)
 
-    def _log_probs(self, logits: torch.Tensor) -> torch.Tensor:
-        return torch.log_softmax(logits[..., : self.vocab_limit].float(), dim=-1)
+    def _log_probs(
+        self,
+        logits: torch.Tensor,
+        processing: NodeProcessing | None,
+        sequence: torch.Tensor,
+        rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Log-probabilities of the real tokens after the generation config's sequence processors.
 
-    def grow(self, pending: torch.Tensor, plan: TreePlan) -> Drafted:
-        """`pending` are the emitted tokens the draft has not seen; the last one is the root of the tree."""
+        `rows` are the ancestor rows of the nodes `logits` belong to (None: the root).
+        """
+        logits = logits[..., : self.vocab_limit]
+        if processing is None:
+            return torch.log_softmax(logits.float(), dim=-1)
+        builder = self.builder
+        tokens = None if rows is None else builder.tokens[: builder.size]
+        scores = processing.process(logits.reshape(-1, logits.shape[-1]), sequence, tokens, rows)
+        return torch.log_softmax(scores, dim=-1).reshape(logits.shape)
+
+    def grow(
+        self,
+        pending: torch.Tensor,
+        plan: TreePlan,
+        sequence: torch.Tensor,
+        processing: NodeProcessing | None = None,
+    ) -> Drafted:
+        """`pending` are the emitted tokens the draft has not seen; the last one is the root of the tree.
+
+        `sequence` (1, T) is everything emitted so far, ending with the root; `processing` the config's processors.
+        """
         if plan.max_nodes + 1 > self.builder.capacity or self.builder.tokens.device != self.runner.device:
             self.builder = TreeBuilder(max(plan.max_nodes, self.builder.capacity - 1), self.runner.device)
         runner, builder = self.runner, self.builder
+        root = pending[-1]
+        pending = pending.clamp_max(self.input_limit - 1)
+        if processing is not None:
+            sequence = sequence.to(runner.device).clamp_max(self.vocab_limit - 1)
         root_index = runner.length + pending.shape[0] - 1
         depths = torch.arange(-pending.shape[0] + 1, 1, device=runner.device)
         logits = runner.forward(pending, depths, runner.causal_bias(pending.shape[0]), root_index)
-        root_log_probs = self._log_probs(logits[-1])
-        builder.start(pending[-1])
+        builder.start(root)
+        root_log_probs = self._log_probs(logits[-1], processing, sequence)
         frontier = slice(0, 1)
         child_log_probs = root_log_probs[None]
         cached_nodes = 0
@@ -63,6 +99,6 @@ class Drafter:
             frontier = new
             bias = additive_mask(runner.length - cached_nodes, builder.ancestors[new, 1 : new.stop], runner.dtype)
             logits = runner.forward(builder.tokens[new], builder.depths[new], bias, root_index)
-            child_log_probs = self._log_probs(logits)
+            child_log_probs = self._log_probs(logits, processing, sequence, builder.ancestors[new, : builder.size])
             cached_nodes = new.stop - 1
         return Drafted(builder.build(), root_log_probs, cached_nodes, builder.greedy_depth())

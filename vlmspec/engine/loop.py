@@ -11,7 +11,7 @@ import torch
 
 from ..policies import TreePolicy
 from ..pruning import PruningConfig, VerifierScores
-from .choice import GreedyChoice
+from .choice import NodeProcessing, TargetChoice
 from .draft import Drafter
 from .runner import ModelRunner
 from .stats import PhaseTimer, SpecStats, StepRecord
@@ -20,11 +20,16 @@ from .verify import accept_greedy, verify_tree
 
 @dataclass
 class DecodeSettings:
-    """What stops and shapes greedy decoding: the token budget, EOS ids and the target's logits processing."""
+    """What stops and shapes decoding: the token budget, EOS ids, the target's choice and the draft's processing.
+
+    `draft_processing` holds the config's sequence processors (repetition penalty, ...) for the draft's
+    proposals, so it proposes what the processed target chooses; None when the config has none.
+    """
 
     max_new_tokens: int
     eos_token_ids: torch.Tensor
-    choice: GreedyChoice
+    choice: TargetChoice
+    draft_processing: NodeProcessing | None = None
 
 
 class TokenSink:
@@ -79,12 +84,13 @@ class SpeculativeDecoder:
         policy: TreePolicy,
         vocab_limit: int,
         pruning: PruningConfig | None = None,
+        draft_input_limit: int | None = None,
     ):
         self.target = target
         self.draft = draft
         self.policy = policy
         self.pruning = pruning
-        self.drafter = Drafter(draft, vocab_limit)
+        self.drafter = Drafter(draft, vocab_limit, draft_input_limit or vocab_limit)
 
     def run(
         self,
@@ -93,7 +99,7 @@ class SpeculativeDecoder:
         settings: DecodeSettings,
         streamer: Any = None,
     ) -> tuple[torch.Tensor, SpecStats]:
-        """Generate greedily; returns the prompt followed by the new tokens (1, L + n) and the call's statistics."""
+        """Generate; returns the prompt followed by the new tokens (1, L + n) and the call's statistics."""
         started = time.perf_counter()
         stats = SpecStats()
         timer = PhaseTimer(stats, self.target.device)
@@ -138,7 +144,7 @@ class SpeculativeDecoder:
             plan = policy.plan()
             draft_start = draft.length
             with timer("drafting"):
-                drafted = self.drafter.grow(pending, plan)
+                drafted = self.drafter.grow(pending, plan, sink.sequence, settings.draft_processing)
             tree = drafted.tree.to(target.device)
             target_start = target.length
             with timer("verification"):

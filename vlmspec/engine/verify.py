@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import torch
 
-from .choice import GreedyChoice
+from .choice import TargetChoice
 from .runner import ModelRunner
 from .tree import DraftTree
 
 
-def verify_tree(runner: ModelRunner, tree: DraftTree, choice: GreedyChoice, sequence: torch.Tensor) -> torch.Tensor:
-    """The target's greedy token after every node (n,); the root and all nodes enter the target's cache."""
+def verify_tree(runner: ModelRunner, tree: DraftTree, choice: TargetChoice, sequence: torch.Tensor) -> torch.Tensor:
+    """The target's token after every node (n,); the root and all nodes enter the target's cache."""
     root_index = runner.length
     logits = runner.forward(tree.tokens, tree.depths, tree.attention_bias(root_index, runner.dtype), root_index)
-    return choice.tree(logits, tree, sequence)
+    return choice.tree(logits, tree.tokens, tree.ancestors, sequence)
 
 
 def accept_greedy(tree: DraftTree, target_choice: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -100,9 +100,18 @@ def autocorrelation(series: list[np.ndarray], max_lag: int = 10) -> list[float]:
 
 
 def run_bench(
-    spec: SpeculativeVLM, suite: str, methods: list[str], n: int, max_new_tokens: int, progress: bool = True
+    spec: SpeculativeVLM,
+    suite: str,
+    methods: list[str],
+    n: int,
+    max_new_tokens: int,
+    progress: bool = True,
+    generation: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Run every method on the same `n` items; returns the results (also the plots' data)."""
+    """Run every method on the same `n` items; returns the results (also the plots' data).
+
+    `generation` holds settings for every method's generate (e.g. `repetition_penalty`); decoding is greedy.
+    """
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise ValueError(f"unknown methods {unknown}; choose from {', '.join(METHODS)}")
@@ -114,7 +123,7 @@ def run_bench(
     entropies: list[np.ndarray] = []
     bar = tqdm(total=len(methods) * (len(inputs) + 1), desc=f"bench {suite}", disable=not progress)
     for method in methods:
-        runner = _Runner(spec, method)
+        runner = _Runner(spec, method, generation or {})
         runner(inputs[0], max_new_tokens)
         bar.update()
         for index, item in enumerate(inputs):
@@ -148,6 +157,7 @@ def run_bench(
         "suite": suite,
         "n": len(inputs),
         "max_new_tokens": max_new_tokens,
+        "generation": dict(generation or {}),
         "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}",
         "methods": {m: runs[m].summary(ar_rate) for m in methods},
         "tau_per_item": {m: runs[m].taus for m in methods if runs[m].taus},
@@ -159,8 +169,9 @@ def run_bench(
 class _Runner:
     """Uniform call for a method: (inputs, max_new_tokens) -> (ids, scores or None)."""
 
-    def __init__(self, spec: SpeculativeVLM, method: str):
+    def __init__(self, spec: SpeculativeVLM, method: str, generation: dict[str, Any]):
         self.method = method
+        self.generation = {"do_sample": False, **generation}
         self.target, self.draft = spec.target, spec.draft
         self.spec = None
         if method in _SPEC_METHODS:
@@ -170,8 +181,8 @@ class _Runner:
     @torch.inference_mode()
     def __call__(self, inputs: dict[str, torch.Tensor], max_new_tokens: int):
         if self.spec is not None:
-            return self.spec.generate(**inputs, max_new_tokens=max_new_tokens), None
-        kwargs: dict[str, Any] = dict(do_sample=False, max_new_tokens=max_new_tokens)
+            return self.spec.generate(**inputs, max_new_tokens=max_new_tokens, **self.generation), None
+        kwargs: dict[str, Any] = dict(max_new_tokens=max_new_tokens, **self.generation)
         if self.method == "hf-assisted":
             out = self.target.generate(**inputs, assistant_model=self.draft, **kwargs)
             return out, None
@@ -183,7 +194,8 @@ def markdown_report(results: dict[str, Any], command: str) -> str:
     """The results as markdown: the main table and the phase breakdown (as SAGE's Table 6)."""
     lines = [
         f"Suite `{results['suite']}`: {results['n']} held-out items, up to {results['max_new_tokens']} new tokens; "
-        f"{results['machine']}.",
+        f"{results['machine']}."
+        + (f" Generation settings: {results['generation']}." if results.get("generation") else ""),
         "",
         f"Command: `{command}`",
         "",

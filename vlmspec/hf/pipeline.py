@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from transformers import PreTrainedModel
+from transformers import GenerationConfig, PreTrainedModel
 from transformers import pipeline as hf_pipeline
 from transformers.pipelines.image_text_to_text import Chat, ImageTextToTextPipeline
 
@@ -17,6 +17,7 @@ from ..processors import VisualInputs, load_image, load_video
 from ..speculative import SpeculativeVLM
 
 _MEDIA_KEYS = ("image", "video", "url", "path")
+_GENERATION_SETTINGS = frozenset(GenerationConfig().to_dict()) - {"max_new_tokens", "transformers_version"}
 
 
 class SpeculativeImageTextToTextPipeline(ImageTextToTextPipeline):
@@ -26,6 +27,14 @@ class SpeculativeImageTextToTextPipeline(ImageTextToTextPipeline):
         super().__init__(*args, **kwargs)
         self.speculative = speculative
         self.visual_inputs = visual_inputs
+
+    def _sanitize_parameters(self, generate_kwargs=None, **kwargs):
+        """Generation settings given to the call (`do_sample=False`, `temperature`, ...) go to generate, not the
+        processor, which would drop them."""
+        generation = {k: kwargs.pop(k) for k in list(kwargs) if k in _GENERATION_SETTINGS}
+        if generation:
+            generate_kwargs = {**(generate_kwargs or {}), **generation}
+        return super()._sanitize_parameters(generate_kwargs=generate_kwargs, **kwargs)
 
     def preprocess(self, inputs=None, timeout=None, continue_final_message=None, **processing_kwargs):
         if isinstance(inputs, Chat) and _has_video(inputs.messages):
