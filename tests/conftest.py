@@ -127,3 +127,12 @@ def cases(qwen):
 @pytest.fixture(scope="session")
 def reference(qwen):
     return qwen.reference
+
+
+@pytest.fixture(scope="session")
+def replica_pairs(tmp_path_factory) -> dict[str, tuple[str, str]]:
+    """Per family, the directories of the README's released target and draft, replicated: released files, tiny
+    random weights (written once per session)."""
+    from vlmspec.testing import write_replicas
+
+    return write_replicas(tmp_path_factory.mktemp("replicas"))

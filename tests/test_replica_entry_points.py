@@ -1,0 +1,209 @@
+"""Every entry point on every replica of the README's released pairs, given only the pair and a prompt with media.
+
+Qwen2.5-VL's released generation config samples with top_k=1 and LLaVA-OneVision's is greedy: both are
+deterministic, so every entry point returns what the target's own `generate` returns under its own config.
+Qwen3-VL's samples from top_k=20/top_p=0.8: every entry point refuses it, naming the `do_sample=False` override,
+and with that override returns what the target's own greedy `generate` returns.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+
+import pytest
+import torch
+import transformers
+
+import vlmspec
+from vlmspec import SamplingConfigError, SpeculativeVLM
+from vlmspec.api import load_pair
+from vlmspec.cli import main
+from vlmspec.processors import load_image, load_processor
+from vlmspec.testing import REPLICA_PAIRS, chat_inputs, sample_frames, sample_image
+
+PROMPT = "Describe the image in detail."  # also `vlmspec caption`'s default prompt for images
+NEW_TOKENS = 8
+FAMILIES = list(REPLICA_PAIRS)
+SAMPLING = ["qwen3_vl", "qwen3_vl_moe"]
+PLACEHOLDERS = {"llava_onevision": "<image>\n"}
+QWEN_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
+
+
+def greedy_override(family: str) -> dict[str, bool]:
+    """What a user of a sampling pair passes: do_sample=False (nothing for the deterministic pairs)."""
+    return {"do_sample": False} if family in SAMPLING else {}
+
+
+@pytest.fixture(scope="module")
+def image_path(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("media") / "image.png"
+    sample_image(5, (48, 64)).save(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def reference(replica_pairs, image_path):
+    """The target's own `generate` on the prompt and image, under its generation config (plus the greedy
+    override for sampling pairs): new token ids and their text, per family, computed once."""
+
+    @cache
+    def compute(family: str) -> tuple[torch.Tensor, str]:
+        spec = load_pair(*replica_pairs[family])
+        inputs = chat_inputs(spec.processor, PROMPT, images=[load_image(image_path)])
+        ids = spec.target.generate(**inputs, max_new_tokens=NEW_TOKENS, **greedy_override(family))
+        new = ids[0, inputs["input_ids"].shape[1] :]
+        return new, spec.processor.tokenizer.decode(new, skip_special_tokens=True)
+
+    return compute
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_vlmspec_generate_returns_the_targets_own_text(replica_pairs, image_path, reference, family):
+    target, draft = replica_pairs[family]
+    text = vlmspec.generate(
+        PROMPT, images=image_path, model=target, draft=draft, max_new_tokens=NEW_TOKENS, **greedy_override(family)
+    )
+    assert text == reference(family)[1]
+
+
+@pytest.mark.parametrize("family", SAMPLING)
+def test_vlmspec_generate_refuses_a_sampling_generation_config(replica_pairs, image_path, family):
+    target, draft = replica_pairs[family]
+    with pytest.raises(SamplingConfigError, match="do_sample=False"):
+        vlmspec.generate(PROMPT, images=image_path, model=target, draft=draft, max_new_tokens=NEW_TOKENS)
+
+
+@pytest.fixture(scope="module")
+def from_pretrained(replica_pairs):
+    """`SpeculativeVLM.from_pretrained(target_dir, draft_dir)` per family, loaded once."""
+    return cache(lambda family: SpeculativeVLM.from_pretrained(*replica_pairs[family]))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_from_pretrained_generate_equals_the_targets_generate(from_pretrained, image_path, reference, family):
+    spec = from_pretrained(family)
+    inputs = chat_inputs(spec.processor, PROMPT, images=[load_image(image_path)])
+    ids = spec.generate(**inputs, max_new_tokens=NEW_TOKENS, **greedy_override(family))
+    assert torch.equal(ids[0, inputs["input_ids"].shape[1] :], reference(family)[0])
+
+
+@pytest.mark.parametrize("family", SAMPLING)
+def test_from_pretrained_generate_refuses_a_sampling_generation_config(from_pretrained, image_path, family):
+    spec = from_pretrained(family)
+    inputs = chat_inputs(spec.processor, PROMPT, images=[load_image(image_path)])
+    with pytest.raises(SamplingConfigError, match="top_k=20"):
+        spec.generate(**inputs, max_new_tokens=NEW_TOKENS)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_wrapped_transformers_models_decode_like_the_target(replica_pairs, image_path, reference, family):
+    loaded = []
+    for directory in replica_pairs[family]:
+        model_class = getattr(transformers, transformers.AutoConfig.from_pretrained(directory).architectures[0])
+        loaded.append(model_class.from_pretrained(directory, dtype=torch.float32))
+    spec = SpeculativeVLM(target=loaded[0], draft=loaded[1])
+    inputs = chat_inputs(load_processor(replica_pairs[family][0]), PROMPT, images=[load_image(image_path)])
+    ids = spec.generate(**inputs, max_new_tokens=NEW_TOKENS, **greedy_override(family))
+    assert torch.equal(ids[0, inputs["input_ids"].shape[1] :], reference(family)[0])
+    if family in SAMPLING:
+        with pytest.raises(SamplingConfigError, match="do_sample=False"):
+            spec.generate(**inputs, max_new_tokens=NEW_TOKENS)
+
+
+@pytest.fixture(scope="module")
+def pipelines(replica_pairs):
+    """Per family: `vlmspec.pipeline` on the pair's directories, and `transformers`' own pipeline on its target."""
+
+    @cache
+    def build(family: str):
+        target, draft = replica_pairs[family]
+        pipe = vlmspec.pipeline("image-text-to-text", model=target, draft_model=draft)
+        plain = transformers.pipeline("image-text-to-text", model=pipe.model, processor=pipe.processor)
+        return pipe, plain
+
+    return build
+
+
+def _chat(image_path: str) -> list[dict]:
+    return [{"role": "user", "content": [{"type": "image", "image": image_path}, {"type": "text", "text": PROMPT}]}]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_pipeline_answers_images_and_text_like_the_transformers_pipeline(pipelines, image_path, family):
+    pipe, plain = pipelines(family)
+    text = PLACEHOLDERS.get(family, QWEN_PLACEHOLDER) + PROMPT
+    answers = [
+        call(images=image_path, text=text, generate_kwargs=dict(max_new_tokens=NEW_TOKENS, **greedy_override(family)))
+        for call in (pipe, plain)
+    ]
+    assert answers[0] == answers[1]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_pipeline_answers_a_chat_turn_like_the_target(pipelines, image_path, reference, family):
+    pipe, _ = pipelines(family)
+    answer = pipe(
+        text=_chat(image_path),
+        return_full_text=False,
+        max_new_tokens=NEW_TOKENS,
+        generate_kwargs=greedy_override(family),
+    )
+    assert answer == [{"input_text": _chat(image_path), "generated_text": reference(family)[1]}]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_pipeline_answers_a_video_turn_like_the_target(pipelines, family):
+    pipe, _ = pipelines(family)
+    frames = sample_frames(3, num_frames=4, size=(48, 64))
+    turn = [
+        {"role": "user", "content": [{"type": "video", "video": frames}, {"type": "text", "text": "What happens?"}]}
+    ]
+    answer = pipe(text=turn, return_full_text=False, max_new_tokens=NEW_TOKENS, generate_kwargs=greedy_override(family))
+    inputs = chat_inputs(pipe.visual_inputs, "What happens?", video=frames)
+    ids = pipe.model.generate(**inputs, max_new_tokens=NEW_TOKENS, **greedy_override(family))
+    expected = pipe.tokenizer.decode(ids[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+    assert answer[0]["generated_text"] == expected
+
+
+@pytest.mark.parametrize("family", SAMPLING)
+def test_pipeline_refuses_a_sampling_generation_config(pipelines, image_path, family):
+    pipe, _ = pipelines(family)
+    with pytest.raises(SamplingConfigError, match="do_sample=False"):
+        pipe(text=_chat(image_path), max_new_tokens=NEW_TOKENS)
+
+
+def _cli_flags(family: str, replica_pairs) -> list[str]:
+    target, draft = replica_pairs[family]
+    greedy = ["--greedy"] if family in SAMPLING else []
+    return ["--model", target, "--draft", draft, "--max-new-tokens", str(NEW_TOKENS), *greedy]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cli_generate_prints_the_targets_own_text(replica_pairs, image_path, reference, capsys, family):
+    main(["generate", PROMPT, "--image", image_path, *_cli_flags(family, replica_pairs)])
+    assert capsys.readouterr().out == reference(family)[1] + "\n"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cli_caption_records_the_targets_own_text(replica_pairs, image_path, reference, tmp_path, family):
+    out = tmp_path / "captions.jsonl"
+    main(["caption", image_path, "--out", str(out), "--no-progress", *_cli_flags(family, replica_pairs)])
+    (record,) = [json.loads(line) for line in out.read_text().splitlines()]
+    new_ids, text = reference(family)
+    assert (record["caption"], record["new_tokens"]) == (text, len(new_ids))
+
+
+@pytest.mark.parametrize("command", ["generate", "caption"])
+@pytest.mark.parametrize("family", SAMPLING)
+def test_cli_refuses_a_sampling_generation_config(replica_pairs, image_path, tmp_path, capsys, family, command):
+    target, draft = replica_pairs[family]
+    if command == "generate":
+        arguments = ["generate", PROMPT, "--image", image_path]
+    else:
+        arguments = ["caption", image_path, "--out", str(tmp_path / "captions.jsonl"), "--no-progress"]
+    with pytest.raises(SystemExit) as exit_info:
+        main([*arguments, "--model", target, "--draft", draft, "--max-new-tokens", str(NEW_TOKENS)])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert "SamplingConfigError" in error and "do_sample=False" in error
