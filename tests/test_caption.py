@@ -1,7 +1,9 @@
-"""Batch captioning: the JSON-lines contract, bad files, resuming, hard kills and sharding under accelerate."""
+"""Batch captioning: the JSON-lines contract, input errors recorded, model errors stopping the job, resuming and
+retrying, hard kills and sharding under accelerate."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -10,12 +12,18 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import FAMILIES, save_pair
 from media_files import write_image, write_video
 
-from vlmspec.captioning import discover_inputs, read_records
+from vlmspec import SpeculativeVLM
+from vlmspec.api import load_pair
+from vlmspec.captioning import CaptioningStopped, CaptionSettings, discover_inputs, read_records, run_captioning
+from vlmspec.cli import EXIT_CONFIGURATION, main
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+NAMES = ["a.png", "c_broken.mp4", "b.mp4", "d.jpg", "extra.webp"]
+SETTINGS = CaptionSettings(num_frames=4, max_new_tokens=8)
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +47,8 @@ def collection(tmp_path):
 
 
 CLI = [sys.executable, "-m", "vlmspec.cli"]
-ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch", *"--num_processes 2 --num_machines 1".split()]
-ACCELERATE += [*"--mixed_precision no --dynamo_backend no --cpu -m vlmspec.cli".split()]
+#: Two CPU processes whose accelerate state is distributed (`accelerate launch --cpu` would start only one).
+SHARDED = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "vlmspec.cli"]
 
 
 def caption_args(pair, inputs, out, *extra, max_new_tokens=12) -> list[str]:
@@ -49,49 +57,124 @@ def caption_args(pair, inputs, out, *extra, max_new_tokens=12) -> list[str]:
     return ["caption", *inputs, "--out", str(out), *model, "--num-frames", "4", "--no-progress", *extra]
 
 
-def caption(pair, inputs, out, *extra, check=True):
-    return subprocess.run(
-        CLI + caption_args(pair, inputs, out, *extra), env=ENV, capture_output=True, text=True, check=check
-    )
+def caption(capsys, pair, inputs, out, *extra, max_new_tokens=12) -> tuple[int, str, str]:
+    """Run `vlmspec caption` in this process: its exit code, what it printed and what it reported on stderr."""
+    try:
+        main(caption_args(pair, inputs, out, *extra, max_new_tokens=max_new_tokens))
+        code = 0
+    except SystemExit as exited:
+        code = exited.code
+    printed = capsys.readouterr()
+    return code, printed.out, printed.err
+
+
+def lines(*records: dict) -> str:
+    return "".join(json.dumps(r) + "\n" for r in records)
+
+
+class OutOfMemoryOnVideos(SpeculativeVLM):
+    """The real pair, except that generating for a video runs out of memory, as a long video can on a GPU."""
+
+    def generate(self, input_ids=None, generation_config=None, streamer=None, **kwargs):
+        if kwargs.get("pixel_values_videos") is not None:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        return super().generate(input_ids, generation_config, streamer, **kwargs)
 
 
 def test_inputs_are_files_folders_and_lists(collection):
     paths = discover_inputs(collection)
-    names = [Path(p).name for p in paths]
-    assert names == ["a.png", "c_broken.mp4", "b.mp4", "d.jpg", "extra.webp"]
+    assert [Path(p).name for p in paths] == NAMES
 
 
-def test_one_record_per_input_with_an_error_record_for_the_corrupt_file(pair, collection, tmp_path):
+def test_one_record_per_input_with_an_error_record_for_the_corrupt_file(pair, collection, tmp_path, capsys):
     out = tmp_path / "captions.jsonl"
-    result = caption(pair, collection, out)
+    code, printed, _ = caption(capsys, pair, collection, out)
     records = read_records(out)
-    assert [Path(r["path"]).name for r in records] == ["a.png", "c_broken.mp4", "b.mp4", "d.jpg", "extra.webp"]
+    assert code == 0 and [Path(r["path"]).name for r in records] == NAMES
     broken = records[1]
     assert broken["error_type"] == "UnreadableVideoError" and "c_broken.mp4" in broken["error"]
     for record in records[:1] + records[2:]:
         assert set(record) == {"path", "caption", "new_tokens", "tau", "seconds"}
         assert 0 < record["new_tokens"] <= 12
-    assert "4 captioned, 1 errors" in result.stdout
+    assert "4 captioned, 1 errors" in printed
 
 
-def test_resume_after_a_finished_run_does_nothing(pair, collection, tmp_path):
+def test_a_file_the_processor_rejects_is_recorded_and_the_run_carries_on(pair, tmp_path):
+    folder = tmp_path / "media"
+    folder.mkdir()
+    write_image(folder / "a_thin.png", size=(2, 500))
+    write_image(folder / "b.png", seed=1)
     out = tmp_path / "captions.jsonl"
-    caption(pair, collection, out)
+    run_captioning(lambda state: load_pair(*pair), [str(folder)], out, SETTINGS, progress=False)
+    thin, fine = read_records(out)
+    assert thin["error_type"] == "ValueError" and "aspect ratio" in thin["error"]
+    assert Path(fine["path"]).name == "b.png" and fine["new_tokens"] > 0
+
+
+def test_a_model_error_stops_the_job_keeping_the_records_and_a_resume_retries_that_input(pair, collection, tmp_path):
+    out = tmp_path / "captions.jsonl"
+    spec = load_pair(*pair)
+    failing = OutOfMemoryOnVideos(spec.target, spec.draft, vocab_size=spec.vocab_size, processor=spec.processor)
+    with pytest.raises(CaptioningStopped) as stopped:
+        run_captioning(lambda state: failing, collection, out, SETTINGS, progress=False)
+    assert Path(stopped.value.path).name == "b.mp4" and not stopped.value.configuration
+    assert isinstance(stopped.value.error, torch.OutOfMemoryError)
+    assert [Path(r["path"]).name for r in read_records(out)] == ["a.png", "c_broken.mp4"]
+    summary = run_captioning(lambda state: spec, collection, out, SETTINGS, resume=True, progress=False)
+    assert [Path(r["path"]).name for r in read_records(out)] == NAMES
+    assert (summary.captioned, summary.errors, summary.skipped) == (3, 0, 2)
+
+
+def test_resume_after_a_finished_run_does_nothing(pair, collection, tmp_path, capsys):
+    out = tmp_path / "captions.jsonl"
+    caption(capsys, pair, collection, out)
     before = out.read_bytes()
-    result = caption(pair, collection, out, "--resume")
+    _, printed, _ = caption(capsys, pair, collection, out, "--resume")
     assert out.read_bytes() == before
-    assert "0 captioned, 0 errors, 5 already recorded" in result.stdout
+    assert "0 captioned, 0 errors, 5 already recorded" in printed
 
 
-def test_an_existing_output_is_not_overwritten_without_resume(pair, collection, tmp_path):
+def test_retry_errors_recaptions_recorded_failures_and_keeps_one_record_per_input(pair, collection, tmp_path, capsys):
+    out = tmp_path / "captions.jsonl"
+    caption(capsys, pair, collection, out, max_new_tokens=8)
+    before = out.read_text().splitlines(keepends=True)
+    broken = Path(collection[0]) / "c_broken.mp4"
+    write_video(broken, num_frames=12, size=(64, 64))
+    _, printed, _ = caption(capsys, pair, collection, out, "--resume", "--retry-errors", max_new_tokens=8)
+    after = out.read_text().splitlines(keepends=True)
+    assert after[:4] == [line for line in before if "error" not in json.loads(line)]
+    assert json.loads(after[4])["path"] == str(broken) and json.loads(after[4])["new_tokens"] > 0
+    assert sorted(Path(r["path"]).name for r in read_records(out)) == sorted(NAMES)
+    assert "1 captioned, 0 errors, 4 already recorded (1 recorded errors retried)" in printed
+
+
+def test_retry_errors_retries_failures_in_the_shards_of_a_sharded_run_and_merges_them(pair, tmp_path, capsys):
+    folder = tmp_path / "media"
+    folder.mkdir()
+    paths = [str(write_image(folder / f"{name}.png", seed=i)) for i, name in enumerate("abcd")]
+    caption_record = {"caption": "kept", "new_tokens": 3, "tau": 1.0, "seconds": 0.1}
+    error_record = {"error": "out of disk space", "error_type": "OSError"}
+    out = tmp_path / "captions.jsonl"
+    shard = tmp_path / "captions.jsonl.part1"
+    out.write_text(lines({"path": paths[0], **caption_record}, {"path": paths[1], **error_record}))
+    shard.write_text(lines({"path": paths[2], **error_record}, {"path": paths[3], **caption_record}))
+    caption(capsys, pair, [str(folder)], out, "--resume", "--retry-errors", max_new_tokens=8)
+    records = read_records(out)
+    assert [r["path"] for r in records] == paths
+    assert records[0] == {"path": paths[0], **caption_record} and records[3] == {"path": paths[3], **caption_record}
+    assert records[1]["new_tokens"] > 0 and records[2]["new_tokens"] > 0
+    assert not shard.exists()
+
+
+def test_an_existing_output_is_not_overwritten_without_resume(pair, collection, tmp_path, capsys):
     out = tmp_path / "captions.jsonl"
     out.write_text('{"path": "keep"}\n')
-    result = caption(pair, collection, out, check=False)
-    assert result.returncode != 0 and "--resume" in result.stderr
+    code, _, err = caption(capsys, pair, collection, out)
+    assert code == EXIT_CONFIGURATION and "--resume" in err
     assert out.read_text() == '{"path": "keep"}\n'
 
 
-def test_a_run_killed_midway_and_resumed_records_every_input_once(pair, tmp_path):
+def test_a_run_killed_midway_and_resumed_records_every_input_once(pair, tmp_path, capsys):
     folder = tmp_path / "many"
     folder.mkdir()
     for i in range(12):
@@ -108,7 +191,7 @@ def test_a_run_killed_midway_and_resumed_records_every_input_once(pair, tmp_path
     assert 2 <= written < 12
     with open(out, "a") as f:
         f.write('{"path": "torn')
-    caption(pair, [str(folder)], out, "--resume")
+    caption(capsys, pair, [str(folder)], out, "--resume")
     paths = [r["path"] for r in read_records(out)]
     assert sorted(paths) == sorted(str(p) for p in folder.iterdir())
     assert len(paths) == len(set(paths)) == 12
@@ -116,8 +199,9 @@ def test_a_run_killed_midway_and_resumed_records_every_input_once(pair, tmp_path
 
 def test_two_processes_under_accelerate_shard_and_merge(pair, collection, tmp_path):
     out = tmp_path / "captions.jsonl"
-    command = ACCELERATE + caption_args(pair, collection, out, max_new_tokens=8)
-    subprocess.run(command, env=ENV, capture_output=True, text=True, check=True, timeout=300)
-    records = read_records(out)
-    assert [Path(r["path"]).name for r in records] == ["a.png", "c_broken.mp4", "b.mp4", "d.jpg", "extra.webp"]
+    command = SHARDED + caption_args(pair, collection, out, max_new_tokens=8)
+    env = {**ENV, "ACCELERATE_USE_CPU": "1"}
+    result = subprocess.run(command, env=env, capture_output=True, text=True, check=True, timeout=300)
+    assert result.stdout.count("done:") == 2
+    assert [Path(r["path"]).name for r in read_records(out)] == NAMES
     assert not list(tmp_path.glob("captions.jsonl.part*"))

@@ -1,11 +1,15 @@
 """Batch captioning of image and video collections into a JSON-lines file that survives bad files and interruptions.
 
-Every input gets exactly one line: `{"path", "caption", "new_tokens", "tau", "seconds"}` or `{"path", "error",
-"error_type"}`. Lines are written whole and flushed one by one, so an interrupted run leaves a valid file (a torn
-last line from a hard kill is dropped on resume). `resume` skips inputs already recorded. Under `accelerate launch`
-the inputs are split over the processes, each writing its own shard, and the first process merges the shards into
-the output (no duplicates, input order) with an atomic replace. Every process checks for an existing output
-before any writes, so a refused run stops on all of them.
+Every input gets exactly one line: `{"path", "caption", "new_tokens", "tau", "seconds"}` or, for an input that
+cannot be captioned (`INPUT_ERRORS`, or the processor rejecting it), `{"path", "error", "error_type"}`. Any other
+error comes from the configuration or the model and would fail every input alike: it stops the job
+(`CaptioningStopped`) and leaves that input unrecorded, so a resume retries it. Lines are written whole and flushed
+one by one, so an interrupted run leaves a valid file (a torn last line from a hard kill is dropped on resume).
+`resume` skips inputs already recorded; `retry_errors` first removes the error records (an atomic rewrite of each
+file) so that those inputs are captioned again. Under `accelerate launch` the inputs are split over the processes,
+each writing its own shard, and the first process merges the shards into the output (no duplicates, input order)
+with an atomic replace. Every process checks for an existing output before any writes, so a refused run stops on
+all of them.
 """
 
 from __future__ import annotations
@@ -13,20 +17,45 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
-from .errors import VLMSpecError
+from .errors import (
+    ContextTooLongError,
+    EmptyPromptError,
+    MediaNotFoundError,
+    NoFramesError,
+    NotAnImageError,
+    PlaceholderMismatchError,
+    UnreadableVideoError,
+    UnsupportedMediaError,
+    VLMSpecError,
+)
 from .processors import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, chat_messages, load_image, load_video, media_kind
 from .speculative import SpeculativeVLM
 
 DEFAULT_PROMPTS = {"image": "Describe the image in detail.", "video": "Describe the video in detail."}
 _MEDIA = IMAGE_EXTENSIONS | VIDEO_EXTENSIONS
+
+#: Errors that belong to one input: recorded for that input, and the job goes on.
+INPUT_ERRORS = (
+    MediaNotFoundError,
+    UnsupportedMediaError,
+    NotAnImageError,
+    UnreadableVideoError,
+    NoFramesError,
+    EmptyPromptError,
+    PlaceholderMismatchError,
+    ContextTooLongError,
+)
+#: Errors of the configuration (generation settings, the pair, missing packages): they stop the job.
+CONFIGURATION_ERRORS = (VLMSpecError, NotImplementedError, ImportError)
 
 
 def discover_inputs(sources: Iterable[str | os.PathLike]) -> list[str]:
@@ -69,6 +98,35 @@ def cut_torn_line(path: Path) -> None:
             f.truncate(end)
 
 
+def drop_error_records(path: Path) -> int:
+    """Remove the error records from `path`, every other line kept byte for byte (atomic rewrite); returns how many."""
+    if not path.exists():
+        return 0
+    lines = path.read_bytes().splitlines(keepends=True)
+    kept = [line for line in lines if not _is_error_record(line)]
+    if len(kept) < len(lines):
+        _write_atomically(path, kept)
+    return len(lines) - len(kept)
+
+
+def _is_error_record(line: bytes) -> bool:
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(record, dict) and "error" in record
+
+
+def _write_atomically(path: Path, lines: Iterable[bytes]) -> None:
+    """Replace `path` with `lines` in one step: a reader sees the old file or the new one, never a mix."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.writelines(lines)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 class RecordWriter:
     """Appends one JSON object per line; each line is written whole, flushed and synced before the next."""
 
@@ -90,28 +148,58 @@ class Summary:
     captioned: int = 0
     errors: int = 0
     skipped: int = 0
+    retried: int = 0
     new_tokens: int = 0
     seconds: float = 0.0
     taus: list[float] = field(default_factory=list)
     interrupted: bool = False
+    stopped: bool = False
 
     def line(self) -> str:
         rate = self.new_tokens / self.seconds if self.seconds else 0.0
         tau = sum(self.taus) / len(self.taus) if self.taus else 0.0
-        state = "interrupted (rerun with --resume to finish)" if self.interrupted else "done"
+        if self.interrupted:
+            state = "interrupted (rerun with --resume to finish)"
+        elif self.stopped:
+            state = "stopped (rerun with --resume once the error is fixed)"
+        else:
+            state = "done"
+        retried = f" ({self.retried} recorded errors retried)" if self.retried else ""
         return (
-            f"{state}: {self.captioned} captioned, {self.errors} errors, {self.skipped} already recorded; "
+            f"{state}: {self.captioned} captioned, {self.errors} errors, {self.skipped} already recorded{retried}; "
             f"{self.new_tokens} tokens at {rate:.1f} tokens/s, mean tau {tau:.2f}"
         )
 
 
 @dataclass
 class CaptionSettings:
+    """What every input gets: the prompt, frame sampling, and the keyword arguments of `generate`.
+
+    `generation` holds only the settings given (e.g. `do_sample`, `repetition_penalty`); the rest stay the model's
+    own generation config.
+    """
+
     prompt: str | None = None
     num_frames: int | None = None
     fps: float | None = None
     max_frames: int | None = None
     max_new_tokens: int = 256
+    generation: dict[str, Any] = field(default_factory=dict)
+
+
+class CaptioningStopped(Exception):
+    """A configuration or model error stopped the job at `path`, left unrecorded so that a resume retries it."""
+
+    def __init__(self, path: str, error: Exception, summary: Summary):
+        super().__init__(f"stopped at {path}: {type(error).__name__}: {error}")
+        self.path = path
+        self.error = error
+        self.summary = summary
+
+    @property
+    def configuration(self) -> bool:
+        """Whether the configuration failed (the settings, the pair, the environment) rather than the model."""
+        return isinstance(self.error, CONFIGURATION_ERRORS)
 
 
 def _load(path: str, settings: CaptionSettings) -> tuple[str, Any]:
@@ -134,23 +222,30 @@ def _prefetched(paths: list[str], settings: CaptionSettings) -> Iterator[tuple[s
 def caption_paths(
     spec: SpeculativeVLM, paths: list[str], out: Path, settings: CaptionSettings, progress: bool = True
 ) -> Summary:
-    """Caption `paths` into `out` (appending); a failing input becomes an error record and the run goes on."""
+    """Caption `paths` into `out` (appending). An input error becomes that input's error record and the run goes on;
+    any other error raises `CaptioningStopped` at once, the records written so far staying in `out`."""
     summary = Summary()
     writer = RecordWriter(out)
     bar = tqdm(total=len(paths), desc="captioning", unit="file", disable=not progress)
     try:
-        for path, future in _prefetched(paths, settings):
-            record = _caption_one(spec, path, future, settings)
-            writer.write(record)
-            if "error" in record:
-                summary.errors += 1
-            else:
-                summary.captioned += 1
-                summary.new_tokens += record["new_tokens"]
-                summary.seconds += record["seconds"]
-                summary.taus.append(record["tau"])
-                bar.set_postfix(tok_s=f"{summary.new_tokens / max(summary.seconds, 1e-9):.1f}", errors=summary.errors)
-            bar.update()
+        with closing(_prefetched(paths, settings)) as inputs:
+            for path, future in inputs:
+                try:
+                    record = _caption_one(spec, path, future, settings)
+                except Exception as error:
+                    summary.stopped = True
+                    raise CaptioningStopped(path, error, summary) from error
+                writer.write(record)
+                if "error" in record:
+                    summary.errors += 1
+                else:
+                    summary.captioned += 1
+                    summary.new_tokens += record["new_tokens"]
+                    summary.seconds += record["seconds"]
+                    summary.taus.append(record["tau"])
+                    rate = summary.new_tokens / max(summary.seconds, 1e-9)
+                    bar.set_postfix(tok_s=f"{rate:.1f}", errors=summary.errors)
+                bar.update()
     except KeyboardInterrupt:
         summary.interrupted = True
     finally:
@@ -160,28 +255,35 @@ def caption_paths(
 
 
 def _caption_one(spec: SpeculativeVLM, path: str, future: Future, settings: CaptionSettings) -> dict[str, Any]:
+    """The record of one input: its caption, or its error when the input itself is at fault; other errors propagate."""
+    processor = spec.processor
     try:
         kind, media = future.result()
         prompt = settings.prompt or DEFAULT_PROMPTS[kind]
         images, videos = ([media], []) if kind == "image" else ([], [media])
-        processor = spec.processor
-        inputs = processor(
-            processor.apply_chat_template(chat_messages(prompt, len(images), len(videos))), images=images, videos=videos
-        )
+        text = processor.apply_chat_template(chat_messages(prompt, len(images), len(videos)))
+        try:
+            inputs = processor(text, images=images, videos=videos)
+        except ValueError as error:  # the processor's limits on this file, e.g. Qwen's aspect ratio of at most 200:1
+            return _error_record(path, error)
         start = time.perf_counter()
-        ids = spec.generate(**inputs, max_new_tokens=settings.max_new_tokens)
+        ids = spec.generate(**inputs, max_new_tokens=settings.max_new_tokens, **settings.generation)
         seconds = time.perf_counter() - start
-        length = inputs["input_ids"].shape[1]
-        stats = spec.last_stats
-        return {
-            "path": path,
-            "caption": processor.tokenizer.decode(ids[0, length:], skip_special_tokens=True),
-            "new_tokens": stats.new_tokens,
-            "tau": round(stats.mean_accept_length, 3),
-            "seconds": round(seconds, 3),
-        }
-    except (VLMSpecError, OSError, ValueError, RuntimeError) as error:
-        return {"path": path, "error": str(error), "error_type": type(error).__name__}
+    except INPUT_ERRORS as error:
+        return _error_record(path, error)
+    length = inputs["input_ids"].shape[1]
+    stats = spec.last_stats
+    return {
+        "path": path,
+        "caption": processor.tokenizer.decode(ids[0, length:], skip_special_tokens=True),
+        "new_tokens": stats.new_tokens,
+        "tau": round(stats.mean_accept_length, 3),
+        "seconds": round(seconds, 3),
+    }
+
+
+def _error_record(path: str, error: Exception) -> dict[str, Any]:
+    return {"path": path, "error": str(error), "error_type": type(error).__name__}
 
 
 def shard_paths(out: Path) -> list[Path]:
@@ -204,41 +306,53 @@ def merge_shards(out: Path, order: list[str]) -> None:
             by_path.setdefault(record.get("path"), record)
     rank = {p: i for i, p in enumerate(order)}
     records = sorted(by_path.values(), key=lambda r: rank.get(r.get("path"), len(rank)))
-    tmp = out.with_name(out.name + ".merging")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, out)
+    _write_atomically(out, ((json.dumps(r, ensure_ascii=False) + "\n").encode("utf-8") for r in records))
     for shard in shards:
         shard.unlink()
 
 
 def run_captioning(
-    spec_factory, sources: list[str], out: Path, settings: CaptionSettings, resume: bool = False, progress: bool = True
+    spec_factory: Callable[[Any], SpeculativeVLM],
+    sources: list[str],
+    out: Path,
+    settings: CaptionSettings,
+    resume: bool = False,
+    progress: bool = True,
+    retry_errors: bool = False,
 ) -> Summary:
-    """Discover inputs, skip recorded ones on `resume`, caption the rest (sharded under accelerate) and merge."""
+    """Discover inputs, skip recorded ones on `resume` (but those recorded as errors with `retry_errors`), caption the
+    rest (sharded under accelerate) and merge. A configuration or model error raises `CaptioningStopped`."""
     from accelerate import PartialState
+    from accelerate.utils import parse_flag_from_env
 
-    state = PartialState()
+    if retry_errors and not resume:
+        raise ValueError("retry_errors continues an existing output: it needs resume=True")
+    state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))  # as `Accelerator` reads it: CPU processes
     paths = discover_inputs(sources)
     if not resume and (out.exists() or shard_paths(out)):
         raise FileExistsError(f"{out} already exists: pass --resume to continue it, or choose another --out")
+    retried = 0
     if resume and state.is_main_process:
         for f in [out, *shard_paths(out)]:
             cut_torn_line(f)
+            if retry_errors:
+                retried += drop_error_records(f)
     state.wait_for_everyone()
     done = recorded(out) if resume else set()
     todo = [p for p in paths if p not in done]
     spec = spec_factory(state)
-    if state.num_processes == 1:
-        summary = caption_paths(spec, todo, out, settings, progress)
-    else:
-        with state.split_between_processes(todo) as mine:
-            shard = out.with_name(f"{out.name}.part{state.process_index}")
-            summary = caption_paths(spec, list(mine), shard, settings, progress and state.is_main_process)
-        state.wait_for_everyone()
+    try:
+        if state.num_processes == 1:
+            summary = caption_paths(spec, todo, out, settings, progress)
+        else:
+            with state.split_between_processes(todo) as mine:
+                shard = out.with_name(f"{out.name}.part{state.process_index}")
+                summary = caption_paths(spec, list(mine), shard, settings, progress and state.is_main_process)
+            state.wait_for_everyone()
         if state.is_main_process:
             merge_shards(out, paths)
-    summary.skipped = len(paths) - len(todo)
+    except CaptioningStopped as stop:
+        stop.summary.skipped, stop.summary.retried = len(paths) - len(todo), retried
+        raise
+    summary.skipped, summary.retried = len(paths) - len(todo), retried
     return summary

@@ -1,11 +1,39 @@
-"""The `vlmspec` command: `demo`, `generate`, `caption`, `bench`."""
+"""The `vlmspec` command: `demo`, `generate`, `caption`, `bench`.
+
+Exit codes: 0 done; 1 an error of the model or an input (`generate`), or a caption job stopped by the model;
+2 a configuration error (the command line, the generation settings, the model pair); 130 interrupted.
+"""
 
 from __future__ import annotations
 
 import argparse
 import shlex
 import sys
+import traceback
 from pathlib import Path
+from typing import Any, NoReturn
+
+EXIT_ERROR = 1
+EXIT_CONFIGURATION = 2
+EXIT_INTERRUPTED = 130
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+GENERATION_FLAGS = ("do_sample", "temperature", "top_p", "top_k", "repetition_penalty", "min_new_tokens")
+
+
+def load_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The pair the command line names and its dtype (None: the library's default)."""
+    return {"model": args.model, "draft": args.draft, "torch_dtype": args.dtype}
+
+
+def generation_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The generation settings given on the command line; every other one stays the model's generation config."""
+    return {name: getattr(args, name) for name in GENERATION_FLAGS if getattr(args, name) is not None}
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    print(message, file=sys.stderr)
+    raise SystemExit(code)
 
 
 def _demo(args: argparse.Namespace) -> None:
@@ -16,28 +44,34 @@ def _demo(args: argparse.Namespace) -> None:
 
 def _generate(args: argparse.Namespace) -> None:
     from .api import generate
+    from .captioning import CONFIGURATION_ERRORS, INPUT_ERRORS
 
-    text = generate(
-        args.prompt,
-        images=args.image or None,
-        videos=args.video or None,
-        model=args.model,
-        draft=args.draft,
-        max_new_tokens=args.max_new_tokens,
-        num_frames=args.num_frames,
-        fps=args.fps,
-        policy=args.policy,
-    )
+    try:
+        text = generate(
+            args.prompt,
+            images=args.image or None,
+            videos=args.video or None,
+            max_new_tokens=args.max_new_tokens,
+            num_frames=args.num_frames,
+            fps=args.fps,
+            policy=args.policy,
+            **load_options(args),
+            **generation_options(args),
+        )
+    except INPUT_ERRORS as error:
+        _fail(f"vlmspec generate: {type(error).__name__}: {error}", EXIT_ERROR)
+    except CONFIGURATION_ERRORS as error:
+        _fail(f"vlmspec generate: {type(error).__name__}: {error}", EXIT_CONFIGURATION)
     print(text)
 
 
 def _caption(args: argparse.Namespace) -> None:
     from .api import load_pair
-    from .captioning import CaptionSettings, run_captioning
+    from .captioning import CONFIGURATION_ERRORS, CaptioningStopped, CaptionSettings, run_captioning
 
     def spec_factory(state):
         device_map = None if state.device.type == "cpu" else {"": str(state.device)}
-        return load_pair(args.model, args.draft, device_map=device_map).with_options(args.policy)
+        return load_pair(**load_options(args), device_map=device_map).with_options(args.policy)
 
     settings = CaptionSettings(
         prompt=args.prompt,
@@ -45,16 +79,35 @@ def _caption(args: argparse.Namespace) -> None:
         fps=args.fps,
         max_frames=args.max_frames,
         max_new_tokens=args.max_new_tokens,
+        generation=generation_options(args),
     )
     try:
         summary = run_captioning(
-            spec_factory, args.inputs, Path(args.out), settings, resume=args.resume, progress=not args.no_progress
+            spec_factory,
+            args.inputs,
+            Path(args.out),
+            settings,
+            resume=args.resume,
+            progress=not args.no_progress,
+            retry_errors=args.retry_errors,
         )
     except FileExistsError as error:
-        raise SystemExit(f"vlmspec caption: {error}") from None
+        _fail(f"vlmspec caption: {error}", EXIT_CONFIGURATION)
+    except CaptioningStopped as stop:
+        print(stop.summary.line())
+        if not stop.configuration:
+            traceback.print_exception(stop.error, file=sys.stderr)
+        cause = "a configuration error" if stop.configuration else "an error of the model"
+        _fail(
+            f"vlmspec caption: {cause} stopped the job at {stop.path}: {type(stop.error).__name__}: {stop.error}\n"
+            f"The records written so far stay in {args.out}; {stop.path} has no record, so --resume retries it.",
+            EXIT_CONFIGURATION if stop.configuration else EXIT_ERROR,
+        )
+    except CONFIGURATION_ERRORS as error:
+        _fail(f"vlmspec caption: {type(error).__name__}: {error}", EXIT_CONFIGURATION)
     print(summary.line())
     if summary.interrupted:
-        raise SystemExit(130)
+        raise SystemExit(EXIT_INTERRUPTED)
 
 
 def _bench(args: argparse.Namespace) -> None:
@@ -74,6 +127,40 @@ def _bench(args: argparse.Namespace) -> None:
     print(f"report: {Path(args.out) / 'results.md'}")
 
 
+def _number(convert, low: float, *, above: bool = False, high: float | None = None):
+    """An argparse type: `convert`ed, at least `low` (above it with `above`) and at most `high`."""
+
+    def parse(text: str):
+        value = convert(text)
+        if value < low or (above and value == low) or (high is not None and value > high):
+            bound = f"{'>' if above else '>='} {low}" + ("" if high is None else f" and <= {high}")
+            raise argparse.ArgumentTypeError(f"{text} is not {bound}")
+        return value
+
+    return parse
+
+
+def _add_pair_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", help="target: hub id or directory (default: the demo pair)")
+    parser.add_argument("--draft", help="draft: hub id or directory")
+    parser.add_argument("--dtype", choices=DTYPES, help="the pair's dtype (default: vlmspec's loading default)")
+    parser.add_argument("--policy", default="sage", choices=["chain", "static-tree", "sage"])
+
+
+def _add_generation_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "generation", "each setting not given stays as the model's own generation config has it"
+    )
+    mode = group.add_mutually_exclusive_group()
+    mode.add_argument("--do-sample", dest="do_sample", action="store_const", const=True, help="do_sample=True")
+    mode.add_argument("--greedy", dest="do_sample", action="store_const", const=False, help="do_sample=False")
+    group.add_argument("--temperature", type=_number(float, 0, above=True))
+    group.add_argument("--top-p", type=_number(float, 0, above=True, high=1))
+    group.add_argument("--top-k", type=_number(int, 0), help="0 turns top-k off")
+    group.add_argument("--repetition-penalty", type=_number(float, 0, above=True))
+    group.add_argument("--min-new-tokens", type=_number(int, 0))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vlmspec", description="Lossless speculative decoding for vision-language models."
@@ -89,28 +176,29 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("prompt")
     gen.add_argument("--image", action="append", default=[], help="an image path or URL (repeatable)")
     gen.add_argument("--video", action="append", default=[], help="a video path (repeatable)")
-    gen.add_argument("--model", help="target: hub id or directory (default: the demo pair)")
-    gen.add_argument("--draft", help="draft: hub id or directory")
+    _add_pair_options(gen)
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--num-frames", type=int)
     gen.add_argument("--fps", type=float)
-    gen.add_argument("--policy", default="sage", choices=["chain", "static-tree", "sage"])
+    _add_generation_options(gen)
     gen.set_defaults(run=_generate)
 
     cap = commands.add_parser("caption", help="caption images and videos into a JSON-lines file")
     cap.add_argument("inputs", nargs="+", help="files, folders (searched recursively) or .txt lists of paths")
     cap.add_argument("--out", required=True, help="the JSON-lines file to write")
     cap.add_argument("--prompt", help="default: 'Describe the image/video in detail.'")
-    cap.add_argument("--model", help="target: hub id or directory (default: the demo pair)")
-    cap.add_argument("--draft", help="draft: hub id or directory")
+    _add_pair_options(cap)
     frames = cap.add_mutually_exclusive_group()
-    frames.add_argument("--num-frames", type=int, help="frames per video, evenly spread")
-    frames.add_argument("--fps", type=float, help="frames per second to sample (default 2)")
-    cap.add_argument("--max-frames", type=int, help="cap on frames sampled by --fps (default 64)")
+    frames.add_argument("--num-frames", type=_number(int, 1), help="frames per video, evenly spread")
+    frames.add_argument("--fps", type=_number(float, 0, above=True), help="frames per second to sample (default 2)")
+    cap.add_argument("--max-frames", type=_number(int, 1), help="cap on frames sampled by --fps (default 64)")
     cap.add_argument("--max-new-tokens", type=int, default=256)
-    cap.add_argument("--policy", default="sage", choices=["chain", "static-tree", "sage"])
     cap.add_argument("--resume", action="store_true", help="skip inputs already recorded in --out")
+    cap.add_argument(
+        "--retry-errors", action="store_true", help="with --resume: caption again the inputs recorded as errors"
+    )
     cap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_generation_options(cap)
     cap.set_defaults(run=_caption)
 
     bench = commands.add_parser("bench", help="tau and speedup of every method against plain generate")
@@ -126,7 +214,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command in ("generate", "caption") and (args.model is None) != (args.draft is None):
+        parser.error("--model and --draft go together (neither: the bundled demo pair)")
+    if getattr(args, "retry_errors", False) and not args.resume:
+        parser.error("--retry-errors continues an existing output: add --resume")
     args.run(args)
 
 
