@@ -117,7 +117,8 @@ def _bench(args: argparse.Namespace) -> None:
     from .eval.bench import run_bench, write_report
 
     spec = load_pair(args.model, args.draft, torch_dtype=torch.float32)
-    results = run_bench(spec, args.suite, args.methods.split(","), args.n, args.max_new_tokens)
+    generation = {} if args.repetition_penalty is None else {"repetition_penalty": args.repetition_penalty}
+    results = run_bench(spec, args.suite, args.methods.split(","), args.n, args.max_new_tokens, generation=generation)
     command = "vlmspec " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     write_report(results, Path(args.out), command)
     for name, m in results["methods"].items():
@@ -209,6 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--model", help="target (default: the demo pair)")
     bench.add_argument("--draft", help="draft (default: the demo pair)")
     bench.add_argument("--out", default="bench-out")
+    bench.add_argument(
+        "--repetition-penalty", type=_number(float, 0, above=True), help="for every method (decoding stays greedy)"
+    )
     bench.set_defaults(run=_bench)
     return parser
 

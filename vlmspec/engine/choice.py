@@ -64,9 +64,9 @@ class NodeProcessing:
         Row i belongs to a tree node whose ancestor row over the tree's `tokens` (root first) is `ancestors[i]`;
         `sequence` (1, T) ends with the root. Without a tree, every row follows `sequence` itself.
         """
-        scores = logits.to(dtype=torch.float32, copy=True)
         if not self.sequence_processors:
-            return scores
+            return logits.float()
+        scores = logits.to(dtype=torch.float32, copy=True)
         m = scores.shape[0]
         if tokens is None or tokens.shape[0] == 1:
             return self.sequence_processors(sequence.expand(m, -1), scores)

@@ -52,6 +52,7 @@ def resolve_generation(
     if config.min_new_tokens is not None:
         config.min_length = config.min_new_tokens + prompt_length
     target._prepare_special_tokens(config, kwargs_has_attention_mask=True, device=input_ids.device, batch_size=1)
+
     def processors(for_config: GenerationConfig) -> LogitsProcessorList:
         return target._get_logits_processor(
             generation_config=for_config,
