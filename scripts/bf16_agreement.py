@@ -41,15 +41,16 @@ def agreement(spec: SpeculativeVLM, inputs: list[dict[str, Any]], max_new_tokens
         # HF treats heads of different sizes as different tokenizers and asks for both (universal assisted decoding).
         tokenizer = spec.processor.tokenizer
         assisted.update(tokenizer=tokenizer, assistant_tokenizer=tokenizer)
-    ours = hf = 0
+    ours, hf = 0, 0
     for item in inputs:
         reference = spec.target.generate(**item, **settings)
         ours += int(torch.equal(spec.generate(**item, **settings), reference))
+        if isinstance(hf, str):
+            continue
         try:
             hf += int(torch.equal(spec.target.generate(**item, **assisted, **settings), reference))
         except Exception as error:  # HF refuses some pairs; report why
             hf = f"{type(error).__name__}: {str(error).splitlines()[0][:90]}"
-            break
     return ours, hf
 
 
