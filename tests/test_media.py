@@ -157,7 +157,8 @@ def test_each_family_prompt_holds_its_visual_placeholders(family, tmp_path):
         assert int((ids == config.image_token_id).sum()) > 0
         assert int((ids == config.video_token_id).sum()) == 4 * 4 + 1
     if family.name.startswith("qwen3"):
-        assert "<0.5 seconds>" in decoded and "<2.4 seconds>" in decoded
+        assert "<|vision_start|><0.5 seconds><|vision_start|>" in decoded and "<2.4 seconds>" in decoded
+        assert "<|vision_end|><|vision_end|>" in decoded
     if family.name == "qwen2_5_vl":
-        assert inputs["second_per_grid_ts"].tolist() == pytest.approx([2 / (10 / 29 * 3)])
+        assert inputs["second_per_grid_ts"].tolist() == pytest.approx([2 / (4 / 30 * 10)])
     assert decoded.index("Describe") < decoded.index("and")

@@ -78,11 +78,13 @@ def generate(
     )
     runner = spec.with_options(policy, pruning, prune_ratio)
     prompts = [prompt] if isinstance(prompt, str) else list(prompt)
-    sampling = dict(num_frames=num_frames, fps=fps, max_frames=max_frames, start=start, end=end)
+    frames = dict(num_frames=num_frames, fps=fps, max_frames=max_frames, start=start, end=end)
     texts, stats = [], []
     for i, text in enumerate(prompts):
         image_list = load_images(_for_prompt(images, i, len(prompts)))
-        video_list = load_videos(_for_prompt(videos, i, len(prompts)), **sampling)
+        video_list = load_videos(
+            _for_prompt(videos, i, len(prompts)), sampling=runner.processor.frame_sampling, **frames
+        )
         texts.append(_generate_one(runner, text, image_list, video_list, max_new_tokens, options))
         stats.append(runner.last_stats)
     if isinstance(prompt, str):

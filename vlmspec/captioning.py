@@ -202,20 +202,26 @@ class CaptioningStopped(Exception):
         return isinstance(self.error, CONFIGURATION_ERRORS)
 
 
-def _load(path: str, settings: CaptionSettings) -> tuple[str, Any]:
+def _load(path: str, settings: CaptionSettings, frame_sampling: Any) -> tuple[str, Any]:
     kind = media_kind(path)
     if kind == "image":
         return kind, load_image(path)
-    return kind, load_video(path, num_frames=settings.num_frames, fps=settings.fps, max_frames=settings.max_frames)
+    return kind, load_video(
+        path,
+        num_frames=settings.num_frames,
+        fps=settings.fps,
+        max_frames=settings.max_frames,
+        sampling=frame_sampling,
+    )
 
 
-def _prefetched(paths: list[str], settings: CaptionSettings) -> Iterator[tuple[str, Future]]:
+def _prefetched(paths: list[str], settings: CaptionSettings, frame_sampling: Any) -> Iterator[tuple[str, Future]]:
     """Each path with its decoding already under way: the next file decodes while the current one generates."""
     with ThreadPoolExecutor(max_workers=1) as pool:
-        pending = pool.submit(_load, paths[0], settings) if paths else None
+        pending = pool.submit(_load, paths[0], settings, frame_sampling) if paths else None
         for i, path in enumerate(paths):
             current = pending
-            pending = pool.submit(_load, paths[i + 1], settings) if i + 1 < len(paths) else None
+            pending = pool.submit(_load, paths[i + 1], settings, frame_sampling) if i + 1 < len(paths) else None
             yield path, current
 
 
@@ -228,7 +234,7 @@ def caption_paths(
     writer = RecordWriter(out)
     bar = tqdm(total=len(paths), desc="captioning", unit="file", disable=not progress)
     try:
-        with closing(_prefetched(paths, settings)) as inputs:
+        with closing(_prefetched(paths, settings, spec.processor.frame_sampling)) as inputs:
             for path, future in inputs:
                 try:
                     record = _caption_one(spec, path, future, settings)

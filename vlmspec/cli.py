@@ -191,8 +191,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_pair_options(cap)
     frames = cap.add_mutually_exclusive_group()
     frames.add_argument("--num-frames", type=_number(int, 1), help="frames per video, evenly spread")
-    frames.add_argument("--fps", type=_number(float, 0, above=True), help="frames per second to sample (default 2)")
-    cap.add_argument("--max-frames", type=_number(int, 1), help="cap on frames sampled by --fps (default 64)")
+    frames.add_argument(
+        "--fps",
+        type=_number(float, 0, above=True),
+        help="frames per second to sample (default: the model family's rule)",
+    )
+    cap.add_argument(
+        "--max-frames", type=_number(int, 1), help="cap on frames sampled by --fps (default: the model family's rule)"
+    )
     cap.add_argument("--max-new-tokens", type=int, default=256)
     cap.add_argument("--resume", action="store_true", help="skip inputs already recorded in --out")
     cap.add_argument(

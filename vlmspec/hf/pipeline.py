@@ -13,7 +13,7 @@ from transformers import GenerationConfig, PreTrainedModel
 from transformers import pipeline as hf_pipeline
 from transformers.pipelines.image_text_to_text import Chat, ImageTextToTextPipeline
 
-from ..processors import VisualInputs, load_image, load_video
+from ..processors import VisualInputs, load_image
 from ..speculative import SpeculativeVLM
 
 _MEDIA_KEYS = ("image", "video", "url", "path")
@@ -81,9 +81,7 @@ def _split_media(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], 
             kind = entry.get("type")
             if kind in ("image", "video"):
                 source = next((entry[k] for k in _MEDIA_KEYS if k in entry), None)
-                (images if kind == "image" else videos).append(
-                    load_image(source) if kind == "image" else load_video(source)
-                )
+                (images if kind == "image" else videos).append(load_image(source) if kind == "image" else source)
                 entries.append({"type": kind})
             else:
                 entries.append(entry)

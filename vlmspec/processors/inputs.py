@@ -2,13 +2,17 @@
 
 `transformers`' VLM processors cannot be built without torchvision (their video-processor slot needs it), as on
 CPU-only torch installs. `image_only` gives the real processor class minus that slot, so text and images go
-through `transformers` itself; video frames go through the family's packer in `video_packing`.
+through `transformers` itself; video frames go through the family's packer in `video_packing`. Either way the frames
+are sampled by the family's rule and reach the processor with their real metadata.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Sequence
 from functools import cache
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -16,17 +20,24 @@ import torch
 from PIL import Image
 from transformers import BatchFeature, ProcessorMixin
 
+from .frame_sampling import FrameSampling
 from .media import Video, load_video
+from .video_config import frame_sampling_for
+
+VIDEO_CONFIG_NAME = "video_preprocessor_config.json"
 
 
 class VideoPacker(Protocol):
-    """Turns one video into the model's tensors and the prompt text that replaces the template's `marker`."""
+    """Turns one video into the model's tensors and the prompt text that replaces one `marker` (the video token)."""
 
     marker: str
+    sampling: FrameSampling
 
     def __call__(self, video: Video) -> tuple[dict[str, torch.Tensor], str]: ...
 
     def collate(self, packed: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]: ...
+
+    def video_processor_config(self) -> dict[str, Any]: ...
 
 
 @cache
@@ -63,8 +74,21 @@ class VisualInputs:
         self.processor = processor
         self.video_packer = video_packer
 
-    def save_pretrained(self, path: str) -> None:
+    def save_pretrained(self, path: str | os.PathLike) -> None:
+        """The processor's files; with a packer, also the video processor config `AutoProcessor` needs to load it."""
         self.processor.save_pretrained(path)
+        if self.video_packer is not None:
+            config = {**self.video_packer.video_processor_config(), "processor_class": type(self.processor).__name__}
+            (Path(path) / VIDEO_CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+    @property
+    def frame_sampling(self) -> FrameSampling:
+        """The family's rule for which frames of a clip to decode (pass it to `load_video` as `sampling`)."""
+        if self.video_packer is not None:
+            return self.video_packer.sampling
+        video_processor = getattr(self.processor, "video_processor", None)
+        config = video_processor.to_dict() if video_processor is not None else {}
+        return frame_sampling_for(type(self.processor).__name__, config)
 
     @property
     def tokenizer(self) -> Any:
@@ -77,20 +101,23 @@ class VisualInputs:
         self,
         text: str,
         images: Sequence[Image.Image] | None = None,
-        videos: Sequence[Video | np.ndarray] | None = None,
+        videos: Sequence[Video | np.ndarray | str | os.PathLike] | None = None,
         video_fps: float = 2.0,
     ) -> BatchFeature:
-        """`videos` are `Video`s (frames with their source indices and frame rate) or frame arrays at `video_fps`."""
-        videos = [load_video(v, source_fps=video_fps) for v in videos or []]
+        """`videos` are `Video`s (frames with their metadata), paths (sampled by the family's rule) or frame arrays at
+        `video_fps`.
+        """
+        sampling = self.frame_sampling if videos else None
+        videos = [load_video(v, source_fps=video_fps, sampling=sampling) for v in videos or []]
         video_inputs: dict[str, torch.Tensor] = {}
         if videos and self.video_packer is None:
             return self.processor(
                 text=[text],
                 images=list(images) if images else None,
                 videos=[v.frames for v in videos],
-                return_tensors="pt",
-                fps=videos[0].sample_fps,
+                video_metadata=[v.metadata for v in videos],
                 do_sample_frames=False,
+                return_tensors="pt",
             )
         if videos:
             marker = self.video_packer.marker

@@ -10,11 +10,8 @@ from transformers import AutoConfig, AutoProcessor
 from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
 from transformers.utils import cached_file, is_torchvision_available
 
-from .inputs import VideoPacker, VisualInputs, image_only
-from .qwen_video import QwenVideoPatcher
-from .video_packing import LlavaOnevisionVideoPacker, QwenVideoPacker
-
-_QWEN_TIMESTAMPED = {"Qwen2VLProcessor": False, "Qwen2_5_VLProcessor": False, "Qwen3VLProcessor": True}
+from .inputs import VIDEO_CONFIG_NAME, VisualInputs, image_only
+from .video_config import video_packer_for
 
 
 def load_processor(path: str, **hub_kwargs: Any) -> VisualInputs:
@@ -26,42 +23,24 @@ def load_processor(path: str, **hub_kwargs: Any) -> VisualInputs:
     if name is None:
         raise ValueError(f"no processor class is known for {path} (model type {model_type!r})")
     processor = image_only(getattr(transformers, name)).from_pretrained(path, **hub_kwargs)
-    return VisualInputs(processor, video_packer_for(processor, _video_config(path, **hub_kwargs)))
+    return VisualInputs(processor, video_packer_for(processor, video_config(path, **hub_kwargs)))
 
 
-def video_packer_for(processor: Any, video_config: dict[str, Any] | None = None) -> VideoPacker:
-    """The video packer matching `processor`'s family, sized like its saved video processor (or its image processor)."""
-    name = type(processor).__name__
-    image_processor = processor.image_processor
-    video_config = video_config or {}
-    if name in _QWEN_TIMESTAMPED:
-        size = video_config.get("size") or {}
-        patcher = QwenVideoPatcher(
-            patch_size=video_config.get("patch_size", image_processor.patch_size),
-            temporal_patch_size=video_config.get("temporal_patch_size", image_processor.temporal_patch_size),
-            merge_size=video_config.get("merge_size", image_processor.merge_size),
-            min_pixels=size.get("shortest_edge", image_processor.size["shortest_edge"]),
-            max_pixels=size.get("longest_edge", image_processor.size["longest_edge"]),
-            image_mean=tuple(video_config.get("image_mean", image_processor.image_mean)),
-            image_std=tuple(video_config.get("image_std", image_processor.image_std)),
-        )
-        return QwenVideoPacker(patcher, timestamps=_QWEN_TIMESTAMPED[name])
-    if name == "LlavaOnevisionProcessor":
-        size = video_config.get("size") or image_processor.size
-        return LlavaOnevisionVideoPacker(
-            size["height"],
-            video_config.get("image_mean", image_processor.image_mean),
-            video_config.get("image_std", image_processor.image_std),
-            processor.num_image_tokens,
-        )
-    raise ValueError(f"vlmspec has no video packing for {name}")
+def video_config(path: str, **hub_kwargs: Any) -> dict[str, Any] | None:
+    """The saved video processor settings, found where `transformers` looks: nested in `processor_config.json`, else
+    `video_preprocessor_config.json`, else `preprocessor_config.json`; None when the checkpoint has none of them.
+    """
+    nested = _json(path, "processor_config.json", **hub_kwargs)
+    if nested is not None and "video_processor" in nested:
+        return nested["video_processor"]
+    for name in (VIDEO_CONFIG_NAME, "preprocessor_config.json"):
+        if (config := _json(path, name, **hub_kwargs)) is not None:
+            return config
+    return None
 
 
-def _video_config(path: str, **hub_kwargs: Any) -> dict[str, Any] | None:
-    """The saved video processor settings, when the checkpoint has them."""
-    resolved = cached_file(
-        path, "video_preprocessor_config.json", _raise_exceptions_for_missing_entries=False, **hub_kwargs
-    )
+def _json(path: str, name: str, **hub_kwargs: Any) -> dict[str, Any] | None:
+    resolved = cached_file(path, name, _raise_exceptions_for_missing_entries=False, **hub_kwargs)
     if resolved is None:
         return None
     with open(resolved) as f:

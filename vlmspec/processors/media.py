@@ -1,8 +1,9 @@
 """Images and videos in: paths, URLs, PIL images, arrays, tensors and frame lists, with clear errors.
 
-Videos are decoded with decord and sampled uniformly (`num_frames`) or at a rate (`fps`, capped by
-`max_frames`), optionally between `start` and `end` seconds; the sampled frame indices and the native frame rate
-travel with the frames, so processors that use timestamps (Qwen) get them.
+Videos are decoded with decord and sampled by a frame-sampling rule (the model family's, see `frame_sampling`) from
+`num_frames`, or a rate `fps` capped by `max_frames`, optionally between `start` and `end` seconds. The sampled frame
+indices, the span they were drawn from and the native frame rate travel with the frames as the video's metadata, so
+the processors are told the real time (Qwen2.5-VL's seconds per grid, Qwen3-VL's timestamps).
 """
 
 from __future__ import annotations
@@ -17,25 +18,36 @@ from typing import Any
 import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
+from transformers.video_utils import VideoMetadata
 
 from ..errors import MediaNotFoundError, NoFramesError, NotAnImageError, UnreadableVideoError, UnsupportedMediaError
+from .frame_sampling import EvenSampling, FrameSampling
 
 IMAGE_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff"})
 VIDEO_EXTENSIONS = frozenset({".mp4", ".mkv", ".avi", ".mov", ".webm", ".m4v", ".mpeg", ".mpg", ".flv", ".wmv"})
 
-#: Sampling used when a video is given with neither `num_frames` nor `fps`.
+#: Frame rate assumed for frames that come without one (arrays, frame lists, files that do not state it).
 DEFAULT_FPS = 2.0
-DEFAULT_MAX_FRAMES = 64
 
 
 @dataclass
 class Video:
-    """Decoded frames `(T, H, W, 3)` uint8, the source frame index of each, and the source's frame rate."""
+    """Decoded frames `(T, H, W, 3)` uint8, the source frame index of each, and the source's frame rate.
+
+    `total_frames` is the length of the span the frames were sampled from (the whole clip, or the frames between
+    `start` and `end`); by default the span the indices cover.
+    """
 
     frames: np.ndarray
     indices: np.ndarray
     fps: float
     source: str = "<frames>"
+    total_frames: int | None = None
+
+    def __post_init__(self) -> None:
+        self.indices = np.asarray(self.indices, dtype=np.int64)
+        if self.total_frames is None:
+            self.total_frames = int(self.indices.max() - self.indices.min()) + 1
 
     @property
     def timestamps(self) -> np.ndarray:
@@ -44,10 +56,21 @@ class Video:
 
     @property
     def sample_fps(self) -> float:
-        """Frames per second of the sampled sequence."""
-        if len(self.indices) < 2:
-            return self.fps
-        return self.fps / float(np.mean(np.diff(self.indices)))
+        """Frames per second of the sampled sequence, as `transformers`' `VideoMetadata.sampled_fps` counts it."""
+        return len(self.indices) / self.total_frames * self.fps
+
+    @property
+    def metadata(self) -> VideoMetadata:
+        """What `transformers`' video processors need to know of the clip: its rate, span and the frames taken."""
+        height, width = self.frames.shape[1:3]
+        return VideoMetadata(
+            total_num_frames=self.total_frames,
+            fps=self.fps,
+            width=width,
+            height=height,
+            duration=self.total_frames / self.fps,
+            frames_indices=self.indices.tolist(),
+        )
 
 
 def media_kind(path: str | os.PathLike) -> str:
@@ -111,6 +134,17 @@ def _image_from_array(array: np.ndarray) -> Image.Image:
     return Image.fromarray(array).convert("RGB")
 
 
+def frame_span(total: int, native_fps: float, start: float | None = None, end: float | None = None) -> range:
+    """The indices of the frames between `start` and `end` seconds (the whole clip without them)."""
+    first = 0 if start is None else max(0, math.floor(start * native_fps))
+    last = total - 1 if end is None else min(total - 1, math.ceil(end * native_fps) - 1)
+    if total <= 0 or last < first:
+        raise NoFramesError(
+            f"no frames between {start or 0}s and {end if end is not None else 'the end'} of {total} frames"
+        )
+    return range(first, last + 1)
+
+
 def sample_indices(
     total: int,
     native_fps: float,
@@ -119,31 +153,20 @@ def sample_indices(
     max_frames: int | None = None,
     start: float | None = None,
     end: float | None = None,
+    sampling: FrameSampling | None = None,
 ) -> np.ndarray:
-    """Frame indices to decode: `num_frames` evenly spread, or one every 1/`fps` seconds (at most `max_frames`).
-
-    `start`/`end` (seconds) bound the range. With neither `num_frames` nor `fps`, 2 frames per second, at most 64.
+    """Frame indices to decode from `total` frames at `native_fps`, by `sampling` (a family's rule; `EvenSampling`
+    by default) from `num_frames`, or `fps` capped by `max_frames`, between `start` and `end` seconds.
     """
     if num_frames is not None and fps is not None:
         raise ValueError("num_frames and fps are exclusive: pass one of them")
-    first = 0 if start is None else max(0, math.floor(start * native_fps))
-    last = total - 1 if end is None else min(total - 1, math.ceil(end * native_fps) - 1)
-    if total <= 0 or last < first:
-        raise NoFramesError(
-            f"no frames between {start or 0}s and {end if end is not None else 'the end'} of {total} frames"
-        )
-    if num_frames is None:
-        fps = DEFAULT_FPS if fps is None else fps
-        max_frames = DEFAULT_MAX_FRAMES if max_frames is None else max_frames
-        if fps <= 0:
-            raise ValueError(f"fps must be positive, got {fps}")
-        indices = np.arange(first, last + 1, native_fps / fps)
-        if len(indices) <= max_frames:
-            return np.unique(np.round(indices).astype(np.int64).clip(first, last))
-        num_frames = max_frames
-    if num_frames < 1:
+    if fps is not None and fps <= 0:
+        raise ValueError(f"fps must be positive, got {fps}")
+    if num_frames is not None and num_frames < 1:
         raise ValueError(f"num_frames must be at least 1, got {num_frames}")
-    return np.round(np.linspace(first, last, num_frames)).astype(np.int64)
+    span = frame_span(total, native_fps, start, end)
+    rule = EvenSampling() if sampling is None else sampling
+    return span.start + rule(len(span), native_fps, num_frames, fps, max_frames)
 
 
 def load_video(
@@ -154,15 +177,18 @@ def load_video(
     start: float | None = None,
     end: float | None = None,
     source_fps: float = DEFAULT_FPS,
+    sampling: FrameSampling | None = None,
 ) -> Video:
-    """A sampled `Video` from a path (decord), a `Video`, a `(T, H, W, 3)` array/tensor or a list of frames.
+    """A sampled `Video` from a path (decord, frames chosen by `sampling`, see `sample_indices`), a `Video`, a
+    `(T, H, W, 3)` array/tensor or a list of frames.
 
     Frames given directly are taken as they are, at `source_fps` frames per second.
     """
     if isinstance(source, Video):
         return source
     if isinstance(source, (str, os.PathLike)):
-        return _decode(str(source), num_frames, fps, max_frames, start, end)
+        request = dict(num_frames=num_frames, fps=fps, max_frames=max_frames, start=start, end=end)
+        return _decode(str(source), request, sampling)
     if isinstance(source, torch.Tensor):
         source = source.detach().cpu().numpy()
     if isinstance(source, (list, tuple)):
@@ -178,7 +204,7 @@ def load_video(
     raise UnreadableVideoError(f"cannot make a video from a {type(source).__name__}")
 
 
-def _decode(path: str, num_frames, fps, max_frames, start, end) -> Video:
+def _decode(path: str, request: dict[str, Any], sampling: FrameSampling | None) -> Video:
     if media_kind(_existing(path)) != "video":
         raise UnsupportedMediaError(f"{path}: an image was given where a video is expected")
     import decord
@@ -194,7 +220,7 @@ def _decode(path: str, num_frames, fps, max_frames, start, end) -> Video:
         raise NoFramesError(f"{path}: the video has no frames")
     native_fps = float(reader.get_avg_fps()) or DEFAULT_FPS
     try:
-        indices = sample_indices(total, native_fps, num_frames, fps, max_frames, start, end)
+        indices = sample_indices(total, native_fps, **request, sampling=sampling)
     except NoFramesError as error:
         raise NoFramesError(f"{path}: {error}") from None
     try:
@@ -203,7 +229,8 @@ def _decode(path: str, num_frames, fps, max_frames, start, end) -> Video:
         raise UnreadableVideoError(f"{path}: decoding failed ({error})") from error
     if frames.shape[0] == 0:
         raise NoFramesError(f"{path}: no frames could be decoded")
-    return Video(frames, indices, native_fps, path)
+    span = frame_span(total, native_fps, request["start"], request["end"])
+    return Video(frames, indices, native_fps, path, total_frames=len(span))
 
 
 def load_images(sources: Any) -> list[Image.Image]:
@@ -233,6 +260,7 @@ __all__: Sequence[str] = (
     "IMAGE_EXTENSIONS",
     "VIDEO_EXTENSIONS",
     "Video",
+    "frame_span",
     "load_image",
     "load_images",
     "load_video",

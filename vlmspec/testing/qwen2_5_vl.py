@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLProcessor
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+from transformers.utils import is_torchvision_available
 
 from ..processors import QwenVideoPacker, QwenVideoPatcher, VisualInputs, image_only
 from .common import sharpen
@@ -21,10 +22,17 @@ def qwen_token_ids() -> dict[str, int]:
 
 
 def tiny_processor() -> VisualInputs:
-    """The real Qwen2.5-VL processor class (text, images) around the local tokenizer, plus the video packer."""
+    """The real Qwen2.5-VL processor class (text, images) around the local tokenizer, plus the video packer.
+
+    Its image processor is the one `AutoProcessor` loads: the torchvision backend where torchvision is installed.
+    """
     tokenizer = build_tokenizer()
+    if is_torchvision_available():
+        from transformers import Qwen2VLImageProcessor as image_processor_class
+    else:
+        image_processor_class = Qwen2VLImageProcessorPil
     processor = image_only(Qwen2_5_VLProcessor)(
-        image_processor=Qwen2VLImageProcessorPil(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS),
+        image_processor=image_processor_class(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS),
         tokenizer=tokenizer,
         chat_template=tokenizer.chat_template,
     )
