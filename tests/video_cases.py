@@ -18,40 +18,30 @@ import torch
 
 from vlmspec.processors import QwenSampling, UniformSampling, Video, VisualInputs, chat_messages, image_only
 from vlmspec.processors import video_packer_for as packer_for
-from vlmspec.testing import build_tokenizer
+from vlmspec.testing import build_tokenizer, released_files
 from vlmspec.testing.llava_onevision import llava_tokenizer
 
 RECORDINGS = Path(__file__).parent / "data" / "video_processors.json"
 
-CLIP_MEAN, CLIP_STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
+
+def _video_settings(processor_type: str, released: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    """A video processor config of `processor_type` with the released file's `keys`."""
+    return {"video_processor_type": processor_type, **{k: released[k] for k in keys}}
+
+
+_QWEN_KEYS = ("patch_size", "temporal_patch_size", "merge_size", "image_mean", "image_std")
 
 #: The released checkpoints' video processor settings (Qwen2.5-VL has only `preprocessor_config.json`).
 CONFIGS: dict[str, dict[str, Any]] = {
-    "qwen2_5_vl": {
-        "video_processor_type": "Qwen2VLVideoProcessor",
-        "min_pixels": 3136,
-        "max_pixels": 12845056,
-        "patch_size": 14,
-        "temporal_patch_size": 2,
-        "merge_size": 2,
-        "image_mean": CLIP_MEAN,
-        "image_std": CLIP_STD,
-    },
-    "qwen3_vl": {
-        "video_processor_type": "Qwen3VLVideoProcessor",
-        "size": {"longest_edge": 25165824, "shortest_edge": 4096},
-        "patch_size": 16,
-        "temporal_patch_size": 2,
-        "merge_size": 2,
-        "image_mean": [0.5, 0.5, 0.5],
-        "image_std": [0.5, 0.5, 0.5],
-    },
-    "llava_onevision": {
-        "video_processor_type": "LlavaOnevisionVideoProcessor",
-        "size": {"height": 384, "width": 384},
-        "image_mean": [0.5, 0.5, 0.5],
-        "image_std": [0.5, 0.5, 0.5],
-    },
+    "qwen2_5_vl": _video_settings(
+        "Qwen2VLVideoProcessor", released_files.QWEN2_5_VL_PREPROCESSOR, ("min_pixels", "max_pixels", *_QWEN_KEYS)
+    ),
+    "qwen3_vl": _video_settings(
+        "Qwen3VLVideoProcessor", released_files.QWEN3_VL_VIDEO_PREPROCESSOR, ("size", *_QWEN_KEYS)
+    ),
+    "llava_onevision": _video_settings(
+        "LlavaOnevisionVideoProcessor", released_files.LLAVA_OV_VIDEO_PREPROCESSOR, ("size", "image_mean", "image_std")
+    ),
 }
 #: LLaVA-OneVision-hf's processor: 384 / 14 -> 27 x 27 patches, the full feature map.
 LLAVA_PROCESSOR = dict(num_image_tokens=729, vision_feature_select_strategy="full")
