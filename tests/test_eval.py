@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from vlmspec import SpeculativeVLM
 from vlmspec.eval.accuracy import score_caption
@@ -66,3 +67,34 @@ def test_bench_runs_every_method_on_the_same_inputs(tmp_path, qwen):
     assert set(saved["methods"]["sage"]) >= {"tau", "tokens_per_s", "speedup", "exact_match"}
     for name in ("results.md", "speedup.png", "tau_distribution.png", "entropy_autocorrelation.png", "sage_steps.png"):
         assert (tmp_path / name).stat().st_size > 0
+
+
+SAMPLED = {"do_sample": True, "temperature": 1.5, "top_k": 50, "top_p": 0.9}
+
+
+def test_a_sampled_bench_gives_every_method_the_settings_and_the_same_seed_per_item(tmp_path, qwen, monkeypatch):
+    spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"], processor=qwen.processor)
+    calls: list[tuple[dict, torch.Tensor]] = []
+
+    def spy(generate):
+        def record(*args, **kwargs):
+            calls.append(({k: kwargs.get(k) for k in SAMPLED}, torch.get_rng_state()))
+            return generate(*args, **kwargs)
+
+        return record
+
+    monkeypatch.setattr(SpeculativeVLM, "generate", spy(SpeculativeVLM.generate))
+    monkeypatch.setattr(spec.target, "generate", spy(spec.target.generate))
+    n = 2
+    results = run_bench(spec, "image", list(METHODS), n=n, max_new_tokens=2, progress=False, generation=SAMPLED)
+    assert len(calls) == len(METHODS) * (n + 1)  # a warm-up and n timed items per method
+    assert all(settings == SAMPLED for settings, _ in calls)
+    seeded = [torch.manual_seed(item).get_state() for item in range(n)]
+    for start in range(0, len(calls), n + 1):
+        timed = calls[start + 1 : start + n + 1]
+        assert all(torch.equal(state, seeded[item]) for item, (_, state) in enumerate(timed))
+    assert all(method["exact_match"] is None for method in results["methods"].values())
+    write_report(results, tmp_path, "vlmspec bench --suite image --n 2 --do-sample")
+    report = (tmp_path / "results.md").read_text()
+    assert "Decoding: sampling (do_sample=True, temperature=1.5, top_k=50, top_p=0.9)" in report
+    assert report.count("| n/a |") == len(METHODS)

@@ -9,7 +9,7 @@ import torch
 from conftest import DRAFTS
 from transformers import GenerationConfig
 
-from vlmspec import SamplingConfigError, SpeculativeVLM
+from vlmspec import SpeculativeVLM
 
 #: Qwen2.5-VL-Instruct's released sampling settings: top_k=1 leaves one token, so generate is deterministic.
 QWEN2_5_VL_RELEASED = dict(do_sample=True, top_k=1, top_p=0.001, temperature=0.1, repetition_penalty=1.05)
@@ -77,11 +77,23 @@ def test_the_penalty_does_not_collapse_acceptance(qwen):
     assert spec.last_stats.mean_accept_length == pytest.approx(plain, abs=0.5)
 
 
-def test_a_sampling_config_names_its_settings_and_the_override(qwen):
-    spec = SpeculativeVLM(qwen.target, qwen.target)
-    config = GenerationConfig(do_sample=True, top_k=20, top_p=0.8, temperature=0.7)
-    with pytest.raises(SamplingConfigError, match=r"top_k=20.*do_sample=False"):
-        spec.generate(**qwen.cases["text"], generation_config=config, max_new_tokens=4)
+def test_sage_reads_its_confidence_from_the_drafts_warped_distribution(qwen):
+    """A low temperature sharpens the draft's distribution (confident SAGE), a high one flattens it."""
+    spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"], policy="sage")
+
+    def mean_alpha(temperature: float) -> float:
+        spec.generate(
+            **qwen.cases["image"],
+            do_sample=True,
+            temperature=temperature,
+            top_k=0,
+            max_new_tokens=24,
+            generator=torch.Generator().manual_seed(0),
+        )
+        alphas = [step.alpha for step in spec.last_stats.steps[1:]]
+        return sum(alphas) / len(alphas)
+
+    assert mean_alpha(0.3) > mean_alpha(1.0) > mean_alpha(3.0)
 
 
 def _padded(model: torch.nn.Module, extra: int, boost: float) -> torch.nn.Module:

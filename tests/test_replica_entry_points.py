@@ -2,8 +2,9 @@
 
 Qwen2.5-VL's released generation config samples with top_k=1 and LLaVA-OneVision's is greedy: both are
 deterministic, so every entry point returns what the target's own `generate` returns under its own config.
-Qwen3-VL's samples from top_k=20/top_p=0.8: every entry point refuses it, naming the `do_sample=False` override,
-and with that override returns what the target's own greedy `generate` returns.
+Qwen3-VL's (dense and MoE) samples at temperature 0.7 from top_k=20/top_p=0.8: every entry point samples from it
+with no extra argument, the same seed (`torch.manual_seed`, or `--seed` on the command line) gives the same text, and
+with `do_sample=False` every entry point returns what the target's own greedy `generate` returns.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 import transformers
 
 import vlmspec
-from vlmspec import SamplingConfigError, SpeculativeVLM
+from vlmspec import SpeculativeVLM
 from vlmspec.api import load_pair
 from vlmspec.cli import main
 from vlmspec.processors import load_image, load_processor
@@ -31,7 +32,7 @@ QWEN_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
 
 
 def greedy_override(family: str) -> dict[str, bool]:
-    """What a user of a sampling pair passes: do_sample=False (nothing for the deterministic pairs)."""
+    """What a user of a sampling pair passes for greedy text: do_sample=False (nothing for the deterministic pairs)."""
     return {"do_sample": False} if family in SAMPLING else {}
 
 
@@ -68,10 +69,18 @@ def test_vlmspec_generate_returns_the_targets_own_text(replica_pairs, image_path
 
 
 @pytest.mark.parametrize("family", SAMPLING)
-def test_vlmspec_generate_refuses_a_sampling_generation_config(replica_pairs, image_path, family):
+def test_vlmspec_generate_samples_the_released_config_the_same_for_the_same_seed(
+    replica_pairs, image_path, reference, family
+):
     target, draft = replica_pairs[family]
-    with pytest.raises(SamplingConfigError, match="do_sample=False"):
-        vlmspec.generate(PROMPT, images=image_path, model=target, draft=draft, max_new_tokens=NEW_TOKENS)
+
+    def sample(seed: int) -> str:
+        torch.manual_seed(seed)
+        return vlmspec.generate(PROMPT, images=image_path, model=target, draft=draft, max_new_tokens=NEW_TOKENS)
+
+    text = sample(0)
+    assert text != reference(family)[1]
+    assert sample(0) == text
 
 
 @pytest.fixture(scope="module")
@@ -88,14 +97,6 @@ def test_from_pretrained_generate_equals_the_targets_generate(from_pretrained, i
     assert torch.equal(ids[0, inputs["input_ids"].shape[1] :], reference(family)[0])
 
 
-@pytest.mark.parametrize("family", SAMPLING)
-def test_from_pretrained_generate_refuses_a_sampling_generation_config(from_pretrained, image_path, family):
-    spec = from_pretrained(family)
-    inputs = chat_inputs(spec.processor, PROMPT, images=[load_image(image_path)])
-    with pytest.raises(SamplingConfigError, match="top_k=20"):
-        spec.generate(**inputs, max_new_tokens=NEW_TOKENS)
-
-
 @pytest.mark.parametrize("family", FAMILIES)
 def test_wrapped_transformers_models_decode_like_the_target(replica_pairs, image_path, reference, family):
     loaded = []
@@ -106,9 +107,6 @@ def test_wrapped_transformers_models_decode_like_the_target(replica_pairs, image
     inputs = chat_inputs(load_processor(replica_pairs[family][0]), PROMPT, images=[load_image(image_path)])
     ids = spec.generate(**inputs, max_new_tokens=NEW_TOKENS, **greedy_override(family))
     assert torch.equal(ids[0, inputs["input_ids"].shape[1] :], reference(family)[0])
-    if family in SAMPLING:
-        with pytest.raises(SamplingConfigError, match="do_sample=False"):
-            spec.generate(**inputs, max_new_tokens=NEW_TOKENS)
 
 
 @pytest.fixture(scope="module")
@@ -167,16 +165,27 @@ def test_pipeline_answers_a_video_turn_like_the_target(pipelines, family):
 
 
 @pytest.mark.parametrize("family", SAMPLING)
-def test_pipeline_refuses_a_sampling_generation_config(pipelines, image_path, family):
+def test_pipeline_samples_the_released_config_the_same_for_the_same_seed(pipelines, image_path, reference, family):
     pipe, _ = pipelines(family)
-    with pytest.raises(SamplingConfigError, match="do_sample=False"):
-        pipe(text=_chat(image_path), max_new_tokens=NEW_TOKENS)
+
+    def sample(seed: int) -> str:
+        torch.manual_seed(seed)
+        (answer,) = pipe(text=_chat(image_path), return_full_text=False, max_new_tokens=NEW_TOKENS)
+        return answer["generated_text"]
+
+    text = sample(0)
+    assert text != reference(family)[1]
+    assert sample(0) == text
+
+
+def _cli_pair(family: str, replica_pairs) -> list[str]:
+    target, draft = replica_pairs[family]
+    return ["--model", target, "--draft", draft, "--max-new-tokens", str(NEW_TOKENS)]
 
 
 def _cli_flags(family: str, replica_pairs) -> list[str]:
-    target, draft = replica_pairs[family]
-    greedy = ["--greedy"] if family in SAMPLING else []
-    return ["--model", target, "--draft", draft, "--max-new-tokens", str(NEW_TOKENS), *greedy]
+    """The pair, plus `--greedy` for the sampling families."""
+    return [*_cli_pair(family, replica_pairs), *(["--greedy"] if family in SAMPLING else [])]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -185,25 +194,39 @@ def test_cli_generate_prints_the_targets_own_text(replica_pairs, image_path, ref
     assert capsys.readouterr().out == reference(family)[1] + "\n"
 
 
+def _caption_record(image_path: str, out, flags: list[str]) -> dict:
+    """`vlmspec caption` of the one image into `out`: its record."""
+    main(["caption", image_path, "--out", str(out), "--no-progress", *flags])
+    (record,) = [json.loads(line) for line in out.read_text().splitlines()]
+    return record
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_cli_caption_records_the_targets_own_text(replica_pairs, image_path, reference, tmp_path, family):
-    out = tmp_path / "captions.jsonl"
-    main(["caption", image_path, "--out", str(out), "--no-progress", *_cli_flags(family, replica_pairs)])
-    (record,) = [json.loads(line) for line in out.read_text().splitlines()]
+    record = _caption_record(image_path, tmp_path / "captions.jsonl", _cli_flags(family, replica_pairs))
     new_ids, text = reference(family)
     assert (record["caption"], record["new_tokens"]) == (text, len(new_ids))
 
 
-@pytest.mark.parametrize("command", ["generate", "caption"])
 @pytest.mark.parametrize("family", SAMPLING)
-def test_cli_refuses_a_sampling_generation_config(replica_pairs, image_path, tmp_path, capsys, family, command):
-    target, draft = replica_pairs[family]
-    if command == "generate":
-        arguments = ["generate", PROMPT, "--image", image_path]
-    else:
-        arguments = ["caption", image_path, "--out", str(tmp_path / "captions.jsonl"), "--no-progress"]
-    with pytest.raises(SystemExit) as exit_info:
-        main([*arguments, "--model", target, "--draft", draft, "--max-new-tokens", str(NEW_TOKENS)])
-    assert exit_info.value.code == 2
-    error = capsys.readouterr().err
-    assert "SamplingConfigError" in error and "do_sample=False" in error
+def test_cli_generate_samples_the_released_config_the_same_for_the_same_seed(
+    replica_pairs, image_path, reference, capsys, family
+):
+    texts = []
+    for _ in range(2):
+        main(["generate", PROMPT, "--image", image_path, *_cli_pair(family, replica_pairs), "--seed", "0"])
+        texts.append(capsys.readouterr().out)
+    assert texts[0] != reference(family)[1] + "\n"
+    assert texts[1] == texts[0]
+
+
+@pytest.mark.parametrize("family", SAMPLING)
+def test_cli_caption_samples_the_released_config_the_same_for_the_same_seed(
+    replica_pairs, image_path, reference, tmp_path, family
+):
+    flags = [*_cli_pair(family, replica_pairs), "--seed", "0"]
+    captions = [
+        _caption_record(image_path, tmp_path / name, flags)["caption"] for name in ("first.jsonl", "again.jsonl")
+    ]
+    assert captions[0] != reference(family)[1]
+    assert captions[1] == captions[0]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
+from vlmspec.engine.accept import accept_greedy
 from vlmspec.engine.cache import keep_entries
 from vlmspec.engine.tree import TreeBuilder
-from vlmspec.engine.verify import accept_greedy
 from vlmspec.policies import SPECVLM_TREE, RankTreePlan
 
 

@@ -61,12 +61,15 @@ def generate(
     draft_quantization: Any = None,
     **options: Any,
 ) -> str | list[str] | tuple[str | list[str], SpecStats | list[SpecStats]]:
-    """Describe images and videos with a target VLM, sped up by its draft; returns exactly the target's greedy text.
+    """Describe images and videos with a target VLM, sped up by its draft; returns exactly the target's own text.
+
+    Decoding follows the target's generation config: its greedy text, or, where the config samples, a draw from
+    exactly its distribution (pass `do_sample=False` for greedy, `generator=` or `torch.manual_seed` to repeat).
 
     `images` and `videos` take paths, URLs, PIL images, arrays, tensors (and, for videos, lists of frames). Given a
     list of prompts, the media are shared by all of them, or given per prompt as a list of the same length; the
     result is then a list. Videos are sampled with `num_frames`, or `fps` capped by `max_frames`, between `start`
-    and `end` seconds. Other keyword arguments go to `SpeculativeVLM.generate` (e.g. `min_new_tokens`).
+    and `end` seconds. Other keyword arguments go to `SpeculativeVLM.generate` (e.g. `min_new_tokens`, `temperature`).
     """
     spec = load_pair(
         model,

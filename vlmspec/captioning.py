@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from tqdm import tqdm
 
 from .errors import (
@@ -176,7 +177,8 @@ class CaptionSettings:
     """What every input gets: the prompt, frame sampling, and the keyword arguments of `generate`.
 
     `generation` holds only the settings given (e.g. `do_sample`, `repetition_penalty`); the rest stay the model's
-    own generation config.
+    own generation config. With a `seed`, sampling for every input starts from a generator seeded with it, so a
+    rerun or a resume writes the same captions; without one it draws from the global RNG.
     """
 
     prompt: str | None = None
@@ -185,6 +187,12 @@ class CaptionSettings:
     max_frames: int | None = None
     max_new_tokens: int = 256
     generation: dict[str, Any] = field(default_factory=dict)
+    seed: int | None = None
+
+
+def seeded(seed: int | None) -> dict[str, Any]:
+    """`generate`'s `generator` argument, freshly seeded with `seed`; none (the global RNG) without a seed."""
+    return {} if seed is None else {"generator": torch.Generator().manual_seed(seed)}
 
 
 class CaptioningStopped(Exception):
@@ -273,7 +281,8 @@ def _caption_one(spec: SpeculativeVLM, path: str, future: Future, settings: Capt
         except ValueError as error:  # the processor's limits on this file, e.g. Qwen's aspect ratio of at most 200:1
             return _error_record(path, error)
         start = time.perf_counter()
-        ids = spec.generate(**inputs, max_new_tokens=settings.max_new_tokens, **settings.generation)
+        generation = {**settings.generation, **seeded(settings.seed)}
+        ids = spec.generate(**inputs, max_new_tokens=settings.max_new_tokens, **generation)
         seconds = time.perf_counter() - start
     except INPUT_ERRORS as error:
         return _error_record(path, error)

@@ -19,6 +19,8 @@ EXIT_INTERRUPTED = 130
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 GENERATION_FLAGS = ("do_sample", "temperature", "top_p", "top_k", "repetition_penalty", "min_new_tokens")
+#: The settings that only matter when sampling.
+SHAPING = ("temperature", "top_p", "top_k")
 
 
 def load_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -28,7 +30,7 @@ def load_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def generation_options(args: argparse.Namespace) -> dict[str, Any]:
     """The generation settings given on the command line; every other one stays the model's generation config."""
-    return {name: getattr(args, name) for name in GENERATION_FLAGS if getattr(args, name) is not None}
+    return {name: getattr(args, name) for name in GENERATION_FLAGS if getattr(args, name, None) is not None}
 
 
 def _fail(message: str, code: int) -> NoReturn:
@@ -44,7 +46,7 @@ def _demo(args: argparse.Namespace) -> None:
 
 def _generate(args: argparse.Namespace) -> None:
     from .api import generate
-    from .captioning import CONFIGURATION_ERRORS, INPUT_ERRORS
+    from .captioning import CONFIGURATION_ERRORS, INPUT_ERRORS, seeded
 
     try:
         text = generate(
@@ -57,6 +59,7 @@ def _generate(args: argparse.Namespace) -> None:
             policy=args.policy,
             **load_options(args),
             **generation_options(args),
+            **seeded(args.seed),
         )
     except INPUT_ERRORS as error:
         _fail(f"vlmspec generate: {type(error).__name__}: {error}", EXIT_ERROR)
@@ -80,6 +83,7 @@ def _caption(args: argparse.Namespace) -> None:
         max_frames=args.max_frames,
         max_new_tokens=args.max_new_tokens,
         generation=generation_options(args),
+        seed=args.seed,
     )
     try:
         summary = run_captioning(
@@ -114,16 +118,16 @@ def _bench(args: argparse.Namespace) -> None:
     import torch
 
     from .api import load_pair
-    from .eval.bench import run_bench, write_report
+    from .eval.bench import exact_match_cell, run_bench, write_report
 
     spec = load_pair(args.model, args.draft, torch_dtype=torch.float32)
-    generation = {} if args.repetition_penalty is None else {"repetition_penalty": args.repetition_penalty}
+    generation = generation_options(args)
     results = run_bench(spec, args.suite, args.methods.split(","), args.n, args.max_new_tokens, generation=generation)
     command = "vlmspec " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     write_report(results, Path(args.out), command)
     for name, m in results["methods"].items():
         tau = "-" if m["tau"] is None else f"{m['tau']:.2f}"
-        exact = "-" if m["exact_match"] is None else f"{m['exact_match']:.2f}"
+        exact = exact_match_cell(results, name)
         print(f"{name:<12} tau {tau:>5}  {m['tokens_per_s']:7.1f} tok/s  speedup {m['speedup']:.2f}x  exact {exact}")
     print(f"report: {Path(args.out) / 'results.md'}")
 
@@ -148,18 +152,34 @@ def _add_pair_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", default="sage", choices=["chain", "static-tree", "sage"])
 
 
-def _add_generation_options(parser: argparse.ArgumentParser) -> None:
+def _add_sampling_settings(group: argparse._ArgumentGroup) -> None:
+    """The settings that shape the distribution decoding draws from (and the repetition penalty)."""
+    group.add_argument("--temperature", type=_number(float, 0, above=True))
+    group.add_argument("--top-p", type=_number(float, 0, above=True, high=1))
+    group.add_argument("--top-k", type=_number(int, 0), help="0 turns top-k off")
+    group.add_argument("--repetition-penalty", type=_number(float, 0, above=True))
+
+
+def _add_generation_options(parser: argparse.ArgumentParser, seed_help: str) -> None:
     group = parser.add_argument_group(
         "generation", "each setting not given stays as the model's own generation config has it"
     )
     mode = group.add_mutually_exclusive_group()
     mode.add_argument("--do-sample", dest="do_sample", action="store_const", const=True, help="do_sample=True")
     mode.add_argument("--greedy", dest="do_sample", action="store_const", const=False, help="do_sample=False")
-    group.add_argument("--temperature", type=_number(float, 0, above=True))
-    group.add_argument("--top-p", type=_number(float, 0, above=True, high=1))
-    group.add_argument("--top-k", type=_number(int, 0), help="0 turns top-k off")
-    group.add_argument("--repetition-penalty", type=_number(float, 0, above=True))
+    _add_sampling_settings(group)
     group.add_argument("--min-new-tokens", type=_number(int, 0))
+    group.add_argument("--seed", type=_number(int, 0), metavar="N", help=seed_help)
+
+
+def _add_bench_generation_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "generation",
+        "for every method; greedy unless --do-sample, which samples item i of every method after "
+        "torch.manual_seed(i) (exact match against ar is then n/a)",
+    )
+    group.add_argument("--do-sample", dest="do_sample", action="store_const", const=True, help="sample, not greedy")
+    _add_sampling_settings(group)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -181,7 +201,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--num-frames", type=int)
     gen.add_argument("--fps", type=float)
-    _add_generation_options(gen)
+    _add_generation_options(
+        gen,
+        "sample from a torch.Generator seeded with N: the same command prints the same text "
+        "(default: the global RNG, as transformers' generate)",
+    )
     gen.set_defaults(run=_generate)
 
     cap = commands.add_parser("caption", help="caption images and videos into a JSON-lines file")
@@ -205,7 +229,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--retry-errors", action="store_true", help="with --resume: caption again the inputs recorded as errors"
     )
     cap.add_argument("--no-progress", action="store_true", help="no progress bar")
-    _add_generation_options(cap)
+    _add_generation_options(
+        cap,
+        "sample from a torch.Generator seeded with N afresh for every input: a rerun or "
+        "--resume writes the same captions (default: the global RNG, as transformers' generate)",
+    )
     cap.set_defaults(run=_caption)
 
     bench = commands.add_parser("bench", help="tau and speedup of every method against plain generate")
@@ -216,9 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--model", help="target (default: the demo pair)")
     bench.add_argument("--draft", help="draft (default: the demo pair)")
     bench.add_argument("--out", default="bench-out")
-    bench.add_argument(
-        "--repetition-penalty", type=_number(float, 0, above=True), help="for every method (decoding stays greedy)"
-    )
+    _add_bench_generation_options(bench)
     bench.set_defaults(run=_bench)
     return parser
 
@@ -230,6 +256,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--model and --draft go together (neither: the bundled demo pair)")
     if getattr(args, "retry_errors", False) and not args.resume:
         parser.error("--retry-errors continues an existing output: add --resume")
+    if args.command == "bench" and not args.do_sample and any(getattr(args, name) is not None for name in SHAPING):
+        parser.error("--temperature, --top-k and --top-p only shape sampling, and the bench is greedy: add --do-sample")
     args.run(args)
 
 

@@ -49,10 +49,3 @@ class PlaceholderMismatchError(VLMSpecError, ValueError):
 
 class ContextTooLongError(VLMSpecError, ValueError):
     """The prompt plus the requested new tokens exceed the model's context length."""
-
-
-class SamplingConfigError(VLMSpecError, NotImplementedError):
-    """The generation configuration samples from a distribution wider than one token, which vlmspec cannot match yet.
-
-    A configuration error, not an input error: batch jobs stop on it instead of recording it per file.
-    """

@@ -60,8 +60,8 @@ def _config_value(config: Any, name: str) -> Any:
 class SpeculativeVLM:
     """Drop-in for `target.generate`: the same token ids, with fewer target forwards.
 
-    Decoding follows the target's own generation config (greedy, or sampling that keeps one token such as
-    Qwen2.5-VL-Instruct's `top_k=1`), with its logits processors applied to the draft's proposals too.
+    Decoding follows the target's own generation config, greedy or sampled (temperature, top-k, top-p, min-p, ...,
+    drawn exactly from the target's distribution), with its logits processors applied to the draft's proposals too.
 
     `policy` is `"sage"` (default), `"chain"`, `"static-tree"`, a `SageConfig` or a `TreePolicy`. `pruning`
     (`"verifier"` by default, `"uniform"`, `"random"`, a `PruningConfig` or None) cuts the visual tokens the draft
@@ -168,11 +168,14 @@ class SpeculativeVLM:
         input_ids: torch.Tensor | None = None,
         generation_config: GenerationConfig | None = None,
         streamer: Any = None,
+        generator: torch.Generator | None = None,
         **kwargs: Any,
     ) -> torch.Tensor | GenerateDecoderOnlyOutput:
-        """Generation equal, token for token, to `target.generate(**inputs, **kwargs)` under the target's config.
+        """Generation equal to `target.generate(**inputs, **kwargs)` under the target's config.
 
-        A config that samples from more than one token raises `SamplingConfigError` (pass `do_sample=False`).
+        Greedy decoding gives the same token ids; sampling draws from the same distribution, from `generator` if
+        given, else from the global RNG as `generate` does (so `torch.manual_seed` makes a call repeatable).
+        `num_return_sequences=n` draws n continuations from one prefill of the prompt, padded as `generate` pads.
         """
         if input_ids is None:
             raise ValueError("generate() needs input_ids (what the target's processor returned)")
@@ -187,12 +190,15 @@ class SpeculativeVLM:
         if mask is not None and not bool(mask.all()):
             raise BatchSizeError("attention_mask has padding; pass a single unpadded sequence")
         return_dict = kwargs.pop("return_dict_in_generate", None)
-        settings = resolve_generation(self.target, generation_config, kwargs, input_ids, dict(model_inputs))
+        settings = resolve_generation(self.target, generation_config, kwargs, input_ids, dict(model_inputs), generator)
         model_inputs["input_ids"] = input_ids
         target_inputs = _to_device(model_inputs, self._target_runner.device)
         draft_inputs = _to_device(model_inputs, self._draft_runner.device)
         settings.eos_token_ids = settings.eos_token_ids.to(self._target_runner.device)
-        sequences, self.last_stats = self._decoder.run(target_inputs, draft_inputs, settings, streamer)
+        if streamer is not None and settings.num_sequences > 1:
+            raise ValueError("a streamer follows one sequence: pass num_return_sequences=1 to stream")
+        continuations, self.last_stats = self._decoder.run(target_inputs, draft_inputs, settings, streamer)
+        sequences = _pad(continuations, settings.pad_token_id)
         if return_dict or (return_dict is None and self.target.generation_config.return_dict_in_generate):
             return GenerateDecoderOnlyOutput(sequences=sequences)
         return sequences
@@ -202,6 +208,19 @@ class SpeculativeVLM:
             f"SpeculativeVLM(target={type(self.target).__name__}, draft={type(self.draft).__name__}, "
             f"policy={self.policy.name}, pruning={None if self.pruning is None else self.pruning.method})"
         )
+
+
+def _pad(sequences: list[torch.Tensor], pad_token_id: int | None) -> torch.Tensor:
+    """Continuations (1, L_i) stacked into (n, max L_i), the shorter ones padded on the right as `generate` does."""
+    if len(sequences) == 1:
+        return sequences[0]
+    length = max(s.shape[1] for s in sequences)
+    if pad_token_id is None and any(s.shape[1] < length for s in sequences):
+        raise ValueError("continuations of different lengths need a pad_token_id (or eos_token_id) to pad with")
+    padded = sequences[0].new_full((len(sequences), length), 0 if pad_token_id is None else pad_token_id)
+    for i, s in enumerate(sequences):
+        padded[i, : s.shape[1]] = s[0]
+    return padded
 
 
 def _to_device(inputs: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:

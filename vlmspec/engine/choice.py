@@ -1,9 +1,9 @@
-"""The generation config's logits processing at tree nodes, and the target's token after each node.
+"""The generation config's logits processing at tree nodes, and the target's choice of path and token.
 
 Processors that read the sequence (repetition penalty, n-gram bans, `min_new_tokens`, ...) see each node's own
 sequence: the emitted tokens plus the node's path below the root. Warpers (temperature, top-k, top-p, min-p, ...)
-act on each row alone, so they run batched. The draft's proposals go through the same sequence processors, so
-that it proposes what the processed target would choose.
+act on each row alone, so they run batched. The draft proposes under the same processing, so that it proposes
+what the processed target would choose.
 """
 
 from __future__ import annotations
@@ -23,6 +23,9 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
     TypicalLogitsWarper,
 )
+
+from .accept import accept_greedy, accept_sampled, draw
+from .tree import DraftTree
 
 _ROW_WISE = (
     TemperatureLogitsWarper,
@@ -80,27 +83,66 @@ class NodeProcessing:
             scores[i : i + 1] = self.sequence_processors(ids, scores[i : i + 1])
         return scores
 
-    def pick(self, scores: torch.Tensor, sequence: torch.Tensor) -> torch.Tensor:
-        """The token `generate` picks from processed `scores` (m, V): argmax, or a draw from the warped distribution.
+    def distribution(self, scores: torch.Tensor, sequence: torch.Tensor) -> torch.Tensor:
+        """The warped distribution (m, V) `generate` samples from, given processed `scores` (m, V).
 
         Warpers run one after another on the rows that still keep more than one token; a row they narrow to one
-        token is settled (no later warper widens it), so a top-k of 1 costs one top-k and nothing more.
+        token is settled as one-hot (no later warper widens it), so a top-k of 1 costs one top-k and nothing more.
+        After a top-k the later warpers see only the kept columns (see `_kept_columns`).
         """
-        if not self.warpers:
-            return scores.argmax(-1)
-        chosen = torch.empty(scores.shape[0], dtype=torch.long, device=scores.device)
+        probs = torch.zeros_like(scores)
         rows = torch.arange(scores.shape[0], device=scores.device)
+        columns = None
         for warper in self.warpers:
             scores = warper(sequence.expand(rows.shape[0], -1), scores)
+            if columns is None and isinstance(warper, TopKLogitsWarper):
+                scores, columns = _kept_columns(scores)
             kept = torch.isfinite(scores) & (scores > torch.finfo(scores.dtype).min)
             single = kept.sum(-1) == 1
             if bool(single.any()):
-                chosen[rows[single]] = kept[single].int().argmax(-1)
+                probs[rows[single]] = _spread(kept[single].to(probs.dtype), columns, single, probs.shape[1])
                 rows, scores = rows[~single], scores[~single]
+                columns = None if columns is None else columns[~single]
                 if rows.shape[0] == 0:
-                    return chosen
-        chosen[rows] = torch.multinomial(scores.softmax(-1), num_samples=1).squeeze(1)
-        return chosen
+                    return probs
+        probs[rows] = _spread(scores.softmax(-1), columns, None, probs.shape[1])
+        return probs
+
+    def log_probs(self, scores: torch.Tensor, sequence: torch.Tensor) -> torch.Tensor:
+        """Log-probabilities (m, V) of processed `scores` under the warpers: -inf where they cut a token."""
+        width = scores.shape[1]
+        columns = None
+        for warper in self.warpers:
+            scores = warper(sequence.expand(scores.shape[0], -1), scores)
+            if columns is None and isinstance(warper, TopKLogitsWarper):
+                scores, columns = _kept_columns(scores)
+        log_probs = torch.log_softmax(scores, dim=-1)
+        if columns is None:
+            return log_probs
+        return log_probs.new_full((log_probs.shape[0], width), -torch.inf).scatter_(1, columns, log_probs)
+
+
+def _kept_columns(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The columns a top-k kept (ties at the k-th value included), in vocabulary order, and their indices.
+
+    The cut tokens are -inf, which no later warper revives, so top-p, typical-p and the like sort k values
+    instead of the whole vocabulary; kept in vocabulary order, ties fall as they would in the full row.
+    """
+    kept = torch.isfinite(scores) & (scores > torch.finfo(scores.dtype).min)
+    width = int(kept.sum(-1).max())
+    if 4 * width > scores.shape[1]:
+        return scores, None
+    columns = scores.topk(width, dim=-1).indices.sort(dim=-1).values
+    return scores.gather(1, columns), columns
+
+
+def _spread(values: torch.Tensor, columns: torch.Tensor | None, rows: torch.Tensor | None, width: int) -> torch.Tensor:
+    """`values` over `columns` (of the `rows` selected) placed back into rows of the full `width`."""
+    if columns is None:
+        return values
+    if rows is not None:
+        columns = columns[rows]
+    return values.new_zeros(values.shape[0], width).scatter_(1, columns, values)
 
 
 def _for_one_sequence(processor: LogitsProcessor) -> LogitsProcessor:
@@ -111,20 +153,32 @@ def _for_one_sequence(processor: LogitsProcessor) -> LogitsProcessor:
     return processor
 
 
-class TargetChoice:
-    """The target's next token after the root and after every tree node, as `generate` would pick it there."""
+class TargetSampler:
+    """The target's token after the root, and the accepted path of a verified tree, as `generate` would pick them.
 
-    def __init__(self, processing: NodeProcessing):
+    Greedy configs take the argmax of the processed scores; sampling configs draw from the warped distribution,
+    on a tree by recursive rejection (`accept_sampled`), from `generator` or, as `generate`, the global RNG.
+    """
+
+    def __init__(self, processing: NodeProcessing, do_sample: bool, generator: torch.Generator | None = None):
         self.processing = processing
+        self.do_sample = do_sample
+        self.generator = generator
 
     def first(self, logits: torch.Tensor, sequence: torch.Tensor) -> torch.Tensor:
         """The token after `sequence` (1, T) given its logits (V,)."""
-        processing = self.processing
-        return processing.pick(processing.process(logits[None], sequence), sequence)[0]
+        scores = self.processing.process(logits[None], sequence)
+        if not self.do_sample:
+            return scores[0].argmax()
+        return draw(self.processing.distribution(scores, sequence)[0], self.generator)
 
-    def tree(
-        self, logits: torch.Tensor, tokens: torch.Tensor, ancestors: torch.Tensor, sequence: torch.Tensor
-    ) -> torch.Tensor:
-        """The choice after each node (n,), given per-node logits (n, V); `sequence` (1, T) ends with the root."""
+    def accept(
+        self, tree: DraftTree, logits: torch.Tensor, sequence: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The accepted path (node indices, root first) and the bonus token, given the target's logits (n, V)
+        after every node; `sequence` (1, T) ends with the root."""
         processing = self.processing
-        return processing.pick(processing.process(logits, sequence, tokens, ancestors), sequence)
+        scores = processing.process(logits, sequence, tree.tokens, tree.ancestors)
+        if not self.do_sample:
+            return accept_greedy(tree, scores.argmax(-1))
+        return accept_sampled(tree, processing.distribution(scores, sequence), self.generator)

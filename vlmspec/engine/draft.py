@@ -11,6 +11,9 @@ from .choice import NodeProcessing
 from .runner import ModelRunner
 from .tree import DraftTree, TreeBuilder, additive_mask
 
+# Log-probabilities are ranked above this floor; tokens the warpers cut are ranked below it, by processed order.
+_RANK_FLOOR = 1e4
+
 
 @dataclass
 class Drafted:
@@ -46,18 +49,26 @@ class Drafter:
         processing: NodeProcessing | None,
         sequence: torch.Tensor,
         rows: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Log-probabilities of the real tokens after the generation config's sequence processors.
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probabilities of the real tokens under the generation config's processing, and their ranking key.
 
-        `rows` are the ancestor rows of the nodes `logits` belong to (None: the root).
+        `rows` are the ancestor rows of the nodes `logits` belong to (None: the root). Tokens the warpers cut
+        (top-k, top-p, ...) get -inf but keep their processed order behind the survivors, so a plan that asks for
+        more children than survive still gets the draft's next best guesses.
         """
         logits = logits[..., : self.vocab_limit]
         if processing is None:
-            return torch.log_softmax(logits.float(), dim=-1)
+            log_probs = torch.log_softmax(logits.float(), dim=-1)
+            return log_probs, log_probs
         builder = self.builder
         tokens = None if rows is None else builder.tokens[: builder.size]
         scores = processing.process(logits.reshape(-1, logits.shape[-1]), sequence, tokens, rows)
-        return torch.log_softmax(scores, dim=-1).reshape(logits.shape)
+        ranked = torch.log_softmax(scores, dim=-1).reshape(logits.shape)
+        if not processing.warpers:
+            return ranked, ranked
+        log_probs = processing.log_probs(scores, sequence).reshape(logits.shape)
+        cut = ranked.clamp_min(-_RANK_FLOOR) - 2 * _RANK_FLOOR
+        return log_probs, torch.where(log_probs > -torch.inf, log_probs.clamp_min(-_RANK_FLOOR), cut)
 
     def grow(
         self,
@@ -65,10 +76,12 @@ class Drafter:
         plan: TreePlan,
         sequence: torch.Tensor,
         processing: NodeProcessing | None = None,
+        max_depth: int | None = None,
     ) -> Drafted:
         """`pending` are the emitted tokens the draft has not seen; the last one is the root of the tree.
 
         `sequence` (1, T) is everything emitted so far, ending with the root; `processing` the config's processors.
+        The tree stops at `max_depth` levels (the tokens left in the budget, less the bonus token), if given.
         """
         if plan.max_nodes + 1 > self.builder.capacity or self.builder.tokens.device != self.runner.device:
             self.builder = TreeBuilder(max(plan.max_nodes, self.builder.capacity - 1), self.runner.device)
@@ -81,24 +94,28 @@ class Drafter:
         depths = torch.arange(-pending.shape[0] + 1, 1, device=runner.device)
         logits = runner.forward(pending, depths, runner.causal_bias(pending.shape[0]), root_index)
         builder.start(root)
-        root_log_probs = self._log_probs(logits[-1], processing, sequence)
+        root_log_probs, root_order = self._log_probs(logits[-1], processing, sequence)
         frontier = slice(0, 1)
-        child_log_probs = root_log_probs[None]
+        child_log_probs, child_order = root_log_probs[None], root_order[None]
         cached_nodes = 0
-        for level in range(1, plan.depth + 1):
-            top = child_log_probs.topk(plan.top_k, dim=-1)
+        depth = plan.depth if max_depth is None else max(0, min(plan.depth, max_depth))
+        for level in range(1, depth + 1):
+            top = child_order.topk(plan.top_k, dim=-1).indices
+            top_log_probs = child_log_probs.gather(-1, top)
             parent_log_probs = builder.log_probs[frontier]
-            rows, ranks = plan.children(level, parent_log_probs, top.values, plan.max_nodes - (builder.size - 1))
+            rows, ranks = plan.children(level, parent_log_probs, top_log_probs, plan.max_nodes - (builder.size - 1))
             if rows.shape[0] == 0:
                 break
             new = builder.add_level(
-                rows + frontier.start, top.indices[rows, ranks], parent_log_probs[rows] + top.values[rows, ranks], ranks
+                rows + frontier.start, top[rows, ranks], parent_log_probs[rows] + top_log_probs[rows, ranks], ranks
             )
-            if level == plan.depth or builder.size - 1 >= plan.max_nodes:
+            if level == depth or builder.size - 1 >= plan.max_nodes:
                 break
             frontier = new
             bias = additive_mask(runner.length - cached_nodes, builder.ancestors[new, 1 : new.stop], runner.dtype)
             logits = runner.forward(builder.tokens[new], builder.depths[new], bias, root_index)
-            child_log_probs = self._log_probs(logits, processing, sequence, builder.ancestors[new, : builder.size])
+            child_log_probs, child_order = self._log_probs(
+                logits, processing, sequence, builder.ancestors[new, : builder.size]
+            )
             cached_nodes = new.stop - 1
         return Drafted(builder.build(), root_log_probs, cached_nodes, builder.greedy_depth())

@@ -11,25 +11,28 @@ import torch
 
 from ..policies import TreePolicy
 from ..pruning import PruningConfig, VerifierScores
-from .choice import NodeProcessing, TargetChoice
+from .choice import NodeProcessing, TargetSampler
 from .draft import Drafter
 from .runner import ModelRunner
 from .stats import PhaseTimer, SpecStats, StepRecord
-from .verify import accept_greedy, verify_tree
+from .verify import verify_tree
 
 
 @dataclass
 class DecodeSettings:
-    """What stops and shapes decoding: the token budget, EOS ids, the target's choice and the draft's processing.
+    """What stops and shapes decoding: the token budget, EOS ids, the target's sampler and the draft's processing.
 
-    `draft_processing` holds the config's sequence processors (repetition penalty, ...) for the draft's
-    proposals, so it proposes what the processed target chooses; None when the config has none.
+    `draft_processing` holds the config's processors (repetition penalty, ..., and the warpers when the target
+    samples) for the draft's proposals, so it proposes what the processed target chooses; None when there are none.
+    `num_sequences` continuations are drawn from one prefill; shorter ones are padded with `pad_token_id`.
     """
 
     max_new_tokens: int
     eos_token_ids: torch.Tensor
-    choice: TargetChoice
+    sampler: TargetSampler
     draft_processing: NodeProcessing | None = None
+    num_sequences: int = 1
+    pad_token_id: int | None = None
 
 
 class TokenSink:
@@ -74,6 +77,21 @@ class TokenSink:
             self.streamer.end()
 
 
+class _Prefill:
+    """What both models' prompt passes leave behind, shared by every continuation of one call."""
+
+    def __init__(self, target_inputs: dict[str, Any], draft_inputs: dict[str, Any]):
+        self.target_inputs = target_inputs
+        self.draft_inputs = draft_inputs
+        self.logits: torch.Tensor | None = None
+        self.target_length = 0
+        self.draft_length: int | None = None
+        self.prune = False
+        self.layout = None
+        self.scores: torch.Tensor | None = None
+        self.nothing = torch.empty(0, dtype=torch.long, device=target_inputs["input_ids"].device)
+
+
 class SpeculativeDecoder:
     """Lossless tree speculative decoding of one sequence with a target, a draft and a tree policy."""
 
@@ -98,59 +116,89 @@ class SpeculativeDecoder:
         draft_inputs: dict[str, Any],
         settings: DecodeSettings,
         streamer: Any = None,
-    ) -> tuple[torch.Tensor, SpecStats]:
-        """Generate; returns the prompt followed by the new tokens (1, L + n) and the call's statistics."""
+    ) -> tuple[list[torch.Tensor], SpecStats]:
+        """Generate `settings.num_sequences` continuations of one prompt, prefilled once; returns each as the prompt
+        followed by its new tokens (1, L + n_i), and the call's statistics (summed over the continuations)."""
         started = time.perf_counter()
         stats = SpecStats()
         timer = PhaseTimer(stats, self.target.device)
-        sink = TokenSink(target_inputs["input_ids"], settings, streamer)
-        try:
-            if not sink.finished:
-                self._decode(target_inputs, draft_inputs, settings, sink, stats, timer)
-        finally:
-            sink.close()
-        stats.new_tokens = sink.new_tokens
+        prompt = target_inputs["input_ids"]
+        sequences = []
+        prefill = _Prefill(target_inputs, draft_inputs)
+        for _ in range(settings.num_sequences):
+            sink = TokenSink(prompt, settings, streamer)
+            try:
+                if not sink.finished:
+                    self._decode(prefill, settings, sink, stats, timer)
+            finally:
+                sink.close()
+            stats.new_tokens += sink.new_tokens
+            sequences.append(sink.sequence)
         stats.finish(time.perf_counter() - started)
-        return sink.sequence, stats
+        return sequences, stats
 
-    def _decode(self, target_inputs, draft_inputs, settings, sink, stats, timer) -> None:
-        target, draft, policy, pruning = self.target, self.draft, self.policy, self.pruning
+    def _prefill_target(self, prefill: _Prefill, stats: SpecStats, timer: PhaseTimer) -> None:
+        """Run the target over the prompt, scoring the visual tokens for the draft's pruning on the way."""
+        target, pruning = self.target, self.pruning
         with timer("pruning"):
-            layout = target.adapter.visual_layout(target_inputs) if pruning is not None else None
-            prune = layout is not None and bool(layout.mask.any())
-            verifier = prune and pruning.method == "verifier"
+            layout = target.adapter.visual_layout(prefill.target_inputs) if pruning is not None else None
+            prefill.prune = layout is not None and bool(layout.mask.any())
+            verifier = prefill.prune and pruning.method == "verifier"
             scorer = VerifierScores(target.adapter, layout, pruning.layers) if verifier else None
         with timer("target_prefill"), scorer or nullcontext():
-            logits = target.prefill(target_inputs)
-            first = settings.choice.first(logits, sink.sequence)
+            prefill.logits = target.prefill(prefill.target_inputs)
+        prefill.target_length = target.length
         stats.target_prefill_tokens = target.length
         if scorer is not None:
             stats.phase_seconds["target_prefill"] -= scorer.seconds
             stats.phase_seconds["pruning"] += scorer.seconds
+        prefill.layout, prefill.scores = layout, None if scorer is None else scorer.scores
+
+    def _prefill_draft(self, prefill: _Prefill, stats: SpecStats, timer: PhaseTimer) -> None:
+        """Run the draft over the prompt, keeping only the visual tokens pruning leaves it."""
+        draft, pruning = self.draft, self.pruning
+        keep = None
+        if prefill.prune:
+            with timer("pruning"):
+                has_video = prefill.target_inputs.get("pixel_values_videos") is not None
+                keep = pruning.keep_mask(prefill.layout, has_video, prefill.scores).to(draft.device)
+        with timer("draft_prefill"):
+            draft.prefill(prefill.draft_inputs, keep)
+        prefill.draft_length = draft.length
+        stats.draft_prefill_tokens = draft.length
+
+    def _decode(
+        self, prefill: _Prefill, settings: DecodeSettings, sink: TokenSink, stats: SpecStats, timer: PhaseTimer
+    ) -> None:
+        target, draft, policy = self.target, self.draft, self.policy
+        if prefill.logits is None:
+            self._prefill_target(prefill, stats, timer)
+        else:
+            target.keep(prefill.target_length, prefill.nothing)
+        with timer("target_prefill"):
+            first = settings.sampler.first(prefill.logits, sink.sequence)
         sink.emit(first[None])
         if sink.finished:
             return
-        keep = None
-        if prune:
-            with timer("pruning"):
-                has_video = target_inputs.get("pixel_values_videos") is not None
-                keep = pruning.keep_mask(layout, has_video, None if scorer is None else scorer.scores).to(draft.device)
-        with timer("draft_prefill"):
-            draft.prefill(draft_inputs, keep)
-        stats.draft_prefill_tokens = draft.length
+        if prefill.draft_length is None:
+            self._prefill_draft(prefill, stats, timer)
+        else:
+            draft.keep(prefill.draft_length, prefill.nothing.to(draft.device))
         policy.reset()
         pending = first[None].to(draft.device)
         while not sink.finished:
             plan = policy.plan()
             draft_start = draft.length
             with timer("drafting"):
-                drafted = self.drafter.grow(pending, plan, sink.sequence, settings.draft_processing)
+                depth = settings.max_new_tokens - sink.new_tokens - 1
+                drafted = self.drafter.grow(pending, plan, sink.sequence, settings.draft_processing, depth)
             tree = drafted.tree.to(target.device)
             target_start = target.length
             with timer("verification"):
-                target_choice = verify_tree(target, tree, settings.choice, sink.sequence)
+                logits = verify_tree(target, tree)
+            with timer("acceptance"):
+                path, bonus = settings.sampler.accept(tree, logits, sink.sequence)
             with timer("tree_update"):
-                path, bonus = accept_greedy(tree, target_choice)
                 accepted_nodes = path[1:]
                 target.keep(target_start, path)
                 in_draft = (accepted_nodes <= drafted.cached_nodes).to(draft.device)

@@ -8,7 +8,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-PHASES = ("target_prefill", "draft_prefill", "pruning", "drafting", "verification", "tree_update", "other")
+PHASES = (
+    "target_prefill",
+    "draft_prefill",
+    "pruning",
+    "drafting",
+    "verification",
+    "acceptance",
+    "tree_update",
+    "other",
+)
 
 
 @dataclass

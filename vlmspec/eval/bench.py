@@ -1,9 +1,11 @@
-"""`vlmspec bench`: every method on the same inputs in one process, against plain greedy `generate`.
+"""`vlmspec bench`: every method on the same inputs in one process, against plain `generate`.
 
 Methods: `ar` (target.generate), `hf-assisted` (target.generate with the draft as `assistant_model`), `chain`,
 `static-tree`, `specvlm` (verifier pruning + static tree), `sage` (verifier pruning + SAGE). Each method is warmed
-up on the first item, then timed on all items. Speedup is tokens per second relative to `ar` in the same run;
-exact_match the share of items whose ids equal `ar`'s.
+up on the first item, then timed on all items, with the same generation settings: greedy unless they sample. Every
+call on item i starts from `torch.manual_seed(i)`, so a sampled run repeats. Speedup is tokens per second relative
+to `ar` in the same run; exact_match the share of items whose ids equal `ar`'s, None when sampling (every method
+draws its own sample from the same distribution, so equal ids are not expected).
 """
 
 from __future__ import annotations
@@ -110,12 +112,15 @@ def run_bench(
 ) -> dict[str, Any]:
     """Run every method on the same `n` items; returns the results (also the plots' data).
 
-    `generation` holds settings for every method's generate (e.g. `repetition_penalty`); decoding is greedy.
+    `generation` holds settings for every method's generate (e.g. `repetition_penalty`, or `do_sample=True` with
+    `temperature`, `top_k`, `top_p`); decoding is greedy unless it sets `do_sample`.
     """
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise ValueError(f"unknown methods {unknown}; choose from {', '.join(METHODS)}")
     methods = ["ar"] + [m for m in methods if m != "ar"]
+    generation = dict(generation or {})
+    sampling = bool(generation.get("do_sample"))
     target = spec.target
     inputs = suite_inputs(spec.processor, suite, n)
     runs = {m: MethodRun() for m in methods}
@@ -123,10 +128,11 @@ def run_bench(
     entropies: list[np.ndarray] = []
     bar = tqdm(total=len(methods) * (len(inputs) + 1), desc=f"bench {suite}", disable=not progress)
     for method in methods:
-        runner = _Runner(spec, method, generation or {})
+        runner = _Runner(spec, method, generation)
         runner(inputs[0], max_new_tokens)
         bar.update()
         for index, item in enumerate(inputs):
+            torch.manual_seed(index)
             counter = ForwardCounter(target) if method == "hf-assisted" else None
             start = time.perf_counter()
             ids, scores = runner(item, max_new_tokens)
@@ -140,7 +146,7 @@ def run_bench(
             if method == "ar":
                 references.append(ids)
                 entropies.append(top_k_entropy(scores))
-            else:
+            elif not sampling:
                 run.exact.append(bool(torch.equal(ids, references[index])))
             if counter is not None:
                 run.taus.append((new - counter.calls) / max(1, counter.calls))
@@ -157,7 +163,8 @@ def run_bench(
         "suite": suite,
         "n": len(inputs),
         "max_new_tokens": max_new_tokens,
-        "generation": dict(generation or {}),
+        "generation": generation,
+        "sampling": sampling,
         "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}",
         "methods": {m: runs[m].summary(ar_rate) for m in methods},
         "tau_per_item": {m: runs[m].taus for m in methods if runs[m].taus},
@@ -190,12 +197,32 @@ class _Runner:
         return out.sequences, out.scores
 
 
+def exact_match_cell(results: dict[str, Any], method: str) -> str:
+    """A method's exact-match share as reported: "n/a" when sampling, "-" for `ar` itself."""
+    if results["sampling"]:
+        return "n/a"
+    share = results["methods"][method]["exact_match"]
+    return "-" if share is None else f"{share:.2f}"
+
+
+def decoding_line(results: dict[str, Any]) -> str:
+    """How the run decoded: greedy, or sampling with its settings and seeds (and why exact match does not apply)."""
+    settings = ", ".join(f"{k}={v}" for k, v in results["generation"].items())
+    if not results["sampling"]:
+        return "Decoding: greedy" + (f" ({settings})." if settings else ".")
+    return (
+        f"Decoding: sampling ({settings}); every method starts item i from `torch.manual_seed(i)`. Exact match "
+        "against ar is n/a: each method draws its own sample from the target's distribution."
+    )
+
+
 def markdown_report(results: dict[str, Any], command: str) -> str:
     """The results as markdown: the main table and the phase breakdown (as SAGE's Table 6)."""
     lines = [
         f"Suite `{results['suite']}`: {results['n']} held-out items, up to {results['max_new_tokens']} new tokens; "
-        f"{results['machine']}."
-        + (f" Generation settings: {results['generation']}." if results.get("generation") else ""),
+        f"{results['machine']}.",
+        "",
+        decoding_line(results),
         "",
         f"Command: `{command}`",
         "",
@@ -204,8 +231,9 @@ def markdown_report(results: dict[str, Any], command: str) -> str:
     ]
     for name, m in results["methods"].items():
         tau = "-" if m["tau"] is None else f"{m['tau']:.2f}"
-        exact = "-" if m["exact_match"] is None else f"{m['exact_match']:.2f}"
-        lines.append(f"| {name} | {tau} | {m['tokens_per_s']:.1f} | {m['speedup']:.2f}x | {exact} |")
+        lines.append(
+            f"| {name} | {tau} | {m['tokens_per_s']:.1f} | {m['speedup']:.2f}x | {exact_match_cell(results, name)} |"
+        )
     lines += [
         "",
         "Share of wall time per phase:",

@@ -1,8 +1,8 @@
 """Generation arguments resolved the way `transformers`' `generate` resolves them.
 
-Greedy decoding, and sampling whose warped distribution keeps one token (a top-k of 1, as Qwen2.5-VL-Instruct's
-released config has), pick one token deterministically: both run here. Wider sampling raises
-`SamplingConfigError` naming the settings and the override.
+The target's processors and warpers decide each token, greedy or sampled. The draft proposes under the same
+processing; a top-k of 1 (Qwen2.5-VL-Instruct's released config) leaves the target one token, so the draft then
+ranks by its processed logits without the warpers, which would leave it a single candidate too.
 """
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ from typing import Any
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel
 
-from ..engine.choice import NodeProcessing, TargetChoice
+from ..engine.choice import NodeProcessing, TargetSampler
 from ..engine.loop import DecodeSettings
-from ..errors import SamplingConfigError
 
 
 def resolve_generation(
@@ -24,8 +23,12 @@ def resolve_generation(
     kwargs: dict[str, Any],
     input_ids: torch.Tensor,
     model_kwargs: dict[str, Any],
+    generator: torch.Generator | None = None,
 ) -> DecodeSettings:
-    """Merge `generation_config`, the target's own config and `kwargs`; refuse what vlmspec cannot honour exactly."""
+    """Merge `generation_config`, the target's own config and `kwargs`; refuse what vlmspec cannot honour exactly.
+
+    Sampling draws from `generator`, or from the global RNG as `generate` does.
+    """
     has_default_max_length = (
         kwargs.get("max_length") is None
         and (generation_config is None or generation_config.max_length is None)
@@ -34,11 +37,6 @@ def resolve_generation(
     config, unused = target._prepare_generation_config(generation_config, **kwargs)
     if unused:
         raise TypeError(f"generate() got arguments it does not use: {', '.join(sorted(unused))}")
-    if config.do_sample and config.top_k != 1:
-        raise SamplingConfigError(
-            f"the generation config samples ({_sampling_settings(config)}) and vlmspec cannot sample exactly yet: "
-            "pass do_sample=False (greedy; --greedy on the command line), or top_k=1"
-        )
     if (config.num_beams or 1) > 1:
         raise NotImplementedError("beam search is not supported by speculative decoding; pass num_beams=1")
     prompt_length = input_ids.shape[1]
@@ -63,22 +61,18 @@ def resolve_generation(
             model_kwargs=model_kwargs,
         )
 
-    # The draft ranks its proposals by the processed logits without warpers: the same order, no truncation.
-    draft_config = copy.copy(config)
-    draft_config.do_sample = False
-    draft_processors = processors(draft_config)
-    eos = config._eos_token_tensor
+    target_processors = processors(config)
+    draft_config = config
+    if config.do_sample and config.top_k == 1:
+        draft_config = copy.copy(config)
+        draft_config.do_sample = False
+    draft_processors = processors(draft_config) if draft_config is not config else target_processors
+    eos, pad = config._eos_token_tensor, config._pad_token_tensor
     return DecodeSettings(
         max_new_tokens=max(0, max_new_tokens),
         eos_token_ids=torch.empty(0, dtype=torch.long) if eos is None else eos.flatten(),
-        choice=TargetChoice(NodeProcessing(processors(config))),
+        sampler=TargetSampler(NodeProcessing(target_processors), bool(config.do_sample), generator),
         draft_processing=NodeProcessing(draft_processors) if draft_processors else None,
+        num_sequences=config.num_return_sequences or 1,
+        pad_token_id=None if pad is None else int(pad.reshape(-1)[0]),
     )
-
-
-def _sampling_settings(config: GenerationConfig) -> str:
-    """The sampling settings of `config` that are set, as `name=value` pairs."""
-    names = ("temperature", "top_k", "top_p", "min_p", "typical_p")
-    defaults = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "typical_p": 1.0}
-    shown = [f"{n}={getattr(config, n)}" for n in names if getattr(config, n, None) not in (None, defaults.get(n))]
-    return ", ".join(["do_sample=True", *shown])

@@ -1,0 +1,179 @@
+"""Sampling is lossless: speculative samples follow the target's own exact distribution, on every kind of tree.
+
+The exact distribution of every 3-token continuation is enumerated with the target alone, through its own
+`generate(do_sample=True)`; 2,000 seeded speculative samples are compared with it by a G test. The harness is
+checked both ways: HF's own sampler passes it and a sampler biased towards the draft's first child fails it.
+`scripts/sampling_sweep.py` runs the whole grid of policies, drafts, inputs and warpers.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import pytest
+import torch
+from conftest import FAMILIES
+
+import vlmspec.engine.choice
+from vlmspec import SpeculativeVLM
+from vlmspec.engine.accept import draw
+from vlmspec.engine.tree import DraftTree
+from vlmspec.testing.distribution import GTest, continuations, eos_ids, exact_continuations, g_test
+
+SAMPLES = 2000
+NEW_TOKENS = 3
+ALPHA = 1e-3
+#: Temperature alone keeps the whole vocabulary: prefixes below MIN_MASS stand for all their continuations.
+WARPS = {
+    "temperature": dict(temperature=0.7, top_k=0),
+    "top_k_top_p": dict(temperature=1.5, top_k=4, top_p=0.9),
+}
+MIN_MASS = {"temperature": 0.02, "top_k_top_p": 0.0}
+FAMILY = FAMILIES["qwen2_5_vl"]
+
+
+@cache
+def exact(case: str, warp: str) -> dict[tuple[int, ...], float]:
+    return exact_continuations(FAMILY.target, FAMILY.cases[case], NEW_TOKENS, MIN_MASS[warp], **WARPS[warp])
+
+
+def speculative_test(policy: str, draft: str, case: str, warp: str, seed: int = 0) -> GTest:
+    """G test of SAMPLES continuations drawn by SpeculativeVLM (from one prefill) against the exact distribution."""
+    inputs = FAMILY.cases[case]
+    spec = SpeculativeVLM(FAMILY.target, FAMILY.drafts[draft], policy=policy)
+    sequences = spec.generate(
+        **inputs,
+        do_sample=True,
+        max_new_tokens=NEW_TOKENS,
+        num_return_sequences=SAMPLES,
+        generator=torch.Generator().manual_seed(seed),
+        **WARPS[warp],
+    )
+    samples = continuations(sequences, inputs["input_ids"].shape[1], eos_ids(FAMILY.target, {}))
+    return g_test(samples, exact(case, warp))
+
+
+@pytest.mark.parametrize(
+    "policy, draft, case, warp",
+    [
+        ("chain", "independent", "video", "top_k_top_p"),
+        ("static-tree", "noisy", "text", "temperature"),
+        ("sage", "noisy", "image", "top_k_top_p"),
+        ("sage", "self", "image", "temperature"),
+    ],
+)
+def test_speculative_samples_follow_the_targets_exact_distribution(policy, draft, case, warp):
+    result = speculative_test(policy, draft, case, warp)
+    assert result.samples == SAMPLES and result.impossible == 0
+    assert result.passes(ALPHA), result
+
+
+def test_the_harness_passes_the_targets_own_sampler():
+    inputs = FAMILY.cases["image"]
+    torch.manual_seed(0)
+    sequences = FAMILY.target.generate(
+        **inputs,
+        do_sample=True,
+        max_new_tokens=NEW_TOKENS,
+        num_return_sequences=SAMPLES,
+        **WARPS["top_k_top_p"],
+    )
+    samples = continuations(sequences, inputs["input_ids"].shape[1], eos_ids(FAMILY.target, {}))
+    assert g_test(samples, exact("image", "top_k_top_p")).passes(ALPHA)
+
+
+def _always_first_child(
+    tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A wrong rule: accept the first child of every node (if the target gives it any mass), then sample."""
+    first_child = torch.ones(tree.size, dtype=torch.bool)
+    seen: set[int] = set()
+    for node in range(1, tree.size):
+        parent = int(tree.parents[node])
+        first_child[node] = parent not in seen and bool(probs[parent, tree.tokens[node]] > 0)
+        seen.add(parent)
+    valid = ~(tree.ancestors & ~first_child[None, :]).any(dim=1)
+    last = int((tree.depths * valid).argmax())
+    return tree.path_to(last), draw(probs[last], generator)
+
+
+def test_the_harness_rejects_a_sampler_that_favours_the_draft(monkeypatch):
+    monkeypatch.setattr(vlmspec.engine.choice, "accept_sampled", _always_first_child)
+    result = speculative_test("sage", "noisy", "image", "top_k_top_p")
+    assert result.impossible == 0 and not result.passes(ALPHA)
+
+
+def test_the_same_seed_draws_the_same_samples():
+    inputs = FAMILY.cases["text"]
+    spec = SpeculativeVLM(FAMILY.target, FAMILY.drafts["noisy"], policy="sage")
+
+    def sample(seed: int) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(seed)
+        return spec.generate(**inputs, do_sample=True, max_new_tokens=16, generator=generator, temperature=1.5)
+
+    def sample_global(seed: int) -> torch.Tensor:
+        torch.manual_seed(seed)
+        return spec.generate(**inputs, do_sample=True, max_new_tokens=16, temperature=1.5)
+
+    assert torch.equal(sample(3), sample(3)) and not torch.equal(sample(3), sample(4))
+    assert torch.equal(sample_global(3), sample_global(3))
+
+
+class _Collect:
+    """A streamer that keeps what it is given."""
+
+    def __init__(self):
+        self.tokens: list[int] = []
+        self.ended = False
+
+    def put(self, value: torch.Tensor) -> None:
+        self.tokens.extend(value.flatten().tolist())
+
+    def end(self) -> None:
+        self.ended = True
+
+
+@pytest.mark.parametrize("case", ["image", "video"])
+def test_sampling_stops_at_eos_and_the_budget_streams_and_honours_min_new_tokens(family, case):
+    """Half the vocabulary is EOS: without min_new_tokens sampling would stop almost at once."""
+    inputs = family.cases[case]
+    prompt_length = inputs["input_ids"].shape[1]
+    eos = list(range(0, family.target.config.get_text_config().vocab_size, 2))
+    spec = SpeculativeVLM(family.target, family.drafts["noisy"])
+    for seed in range(3):
+        streamer = _Collect()
+        sequence = spec.generate(
+            **inputs,
+            do_sample=True,
+            temperature=1.5,
+            eos_token_id=eos,
+            max_new_tokens=10,
+            min_new_tokens=4,
+            streamer=streamer,
+            generator=torch.Generator().manual_seed(seed),
+        )
+        new = sequence[0, prompt_length:].tolist()
+        assert streamer.ended and streamer.tokens == sequence[0].tolist()
+        assert 4 < len(new) <= 10
+        assert not set(new[:-1]) & set(eos)
+        assert new[-1] in eos or len(new) == 10
+
+
+def test_several_return_sequences_are_padded_after_eos_as_generate_pads(qwen):
+    inputs = qwen.cases["text"]
+    eos = list(range(0, qwen.target.config.get_text_config().vocab_size, 2))
+    spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"])
+    settings = dict(do_sample=True, eos_token_id=eos, pad_token_id=1, max_new_tokens=8, num_return_sequences=6)
+    sequences = spec.generate(**inputs, generator=torch.Generator().manual_seed(0), **settings)
+    prompt_length = inputs["input_ids"].shape[1]
+    assert sequences.shape[0] == 6 and sequences.shape[1] <= prompt_length + 8
+    assert torch.equal(sequences[:, :prompt_length], inputs["input_ids"].expand(6, -1))
+    for row in sequences[:, prompt_length:].tolist():
+        ends = [i for i, t in enumerate(row) if t in eos]
+        assert ends and all(t == 1 for t in row[ends[0] + 1 :])
+
+
+def test_several_return_sequences_need_sampling(qwen):
+    spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"])
+    with pytest.raises(ValueError, match="num_return_sequences"):
+        spec.generate(**qwen.cases["text"], do_sample=False, num_return_sequences=2, max_new_tokens=4)

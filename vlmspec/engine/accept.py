@@ -1,0 +1,73 @@
+"""Acceptance rules: which path of a verified tree is emitted, and the target's bonus token after it.
+
+Both rules work on the whole tree at once (a few (n,) and (n, n) tensor operations), never on the vocabulary in
+a Python loop.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .tree import DraftTree
+
+
+def accept_greedy(tree: DraftTree, target_choice: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The deepest node whose whole path equals the target's choices: its path (root first) and the bonus token.
+
+    Siblings carry distinct tokens, so at most one node per depth can agree with the target.
+    """
+    matches = tree.tokens == target_choice[tree.parents.clamp_min(0)]
+    matches[0] = True
+    path, best = _deepest(tree, matches)
+    return path, target_choice[best]
+
+
+def accept_sampled(
+    tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Recursive rejection over each node's children, in draft rank order: the accepted path and the bonus token.
+
+    `probs` (n, V) is the target's processed distribution p after every node. At a node, child x_j is accepted with
+    probability p'_j(x_j), where p'_j is p with the already rejected x_1..x_{j-1} removed and renormalised; an
+    accepted child is descended into; when every child is rejected the bonus token is drawn from p' without them.
+    Exactness: (1) x_j is accepted with prod_{i<j} (1 - p'_i(x_i)) p'_j(x_j) = p(x_j), the product telescoping
+    since 1 - p'_i(x_i) = (1 - P_{i+1}) / (1 - P_i) with P_i = sum_{l<i} p(x_l); (2) all are rejected with
+    probability 1 - P_{k+1}, and a token t outside the children is then drawn with p(t) / (1 - P_{k+1}), so with
+    p(t) in all; (3) every token after the node thus follows p, and the chain rule over the path gives the target's
+    distribution of the whole emitted sequence, whatever tree the draft proposed.
+
+    One uniform u per node realises all of its trials at once: x_j is accepted when P_j <= u < P_j + p(x_j), which
+    has the probabilities of (1); all children are rejected when u >= P_{k+1}. Children are deterministic (the
+    draft's top ranks), so no draft probability enters the rule.
+    """
+    n = tree.size
+    parents, children = tree.parents[1:], tree.tokens[1:]
+    child_mass = probs[parents, children]
+    earlier_sibling = (parents[:, None] == parents[None, :]).tril(-1).to(probs.dtype)
+    before = earlier_sibling @ child_mass
+    rest = probs.index_put((parents, children), torch.zeros_like(child_mass))
+    total = rest.sum(-1).index_add(0, parents, child_mass)
+    u = _uniform(n, generator, probs.device) * total
+    accepted = torch.ones(n, dtype=torch.bool, device=probs.device)
+    accepted[1:] = (u[parents] >= before) & (u[parents] < before + child_mass)
+    path, last = _deepest(tree, accepted)
+    return path, draw(rest[last], generator)
+
+
+def _deepest(tree: DraftTree, accepted: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """The path to the deepest node all of whose path nodes are `accepted`, and that node's index."""
+    valid = ~(tree.ancestors & ~accepted[None, :]).any(dim=1)
+    best = int((tree.depths * valid).argmax())
+    return tree.path_to(best), best
+
+
+def _uniform(n: int, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    """n draws from U[0, 1) from `generator` (or the global RNG), on `device`."""
+    source = device if generator is None else generator.device
+    return torch.rand(n, generator=generator, device=source).to(device)
+
+
+def draw(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token drawn in proportion to `weights` (V,), from `generator` (or the global RNG)."""
+    source = weights if generator is None else weights.to(generator.device)
+    return torch.multinomial(source, 1, generator=generator)[0].to(weights.device)
