@@ -9,8 +9,9 @@ setup:
 demo: setup
 	.venv/bin/vlmspec demo
 
+# Two workers, one test file each at a time (module fixtures stay in one process), one torch thread each.
 test: setup
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadfile
 
 # The suite where transformers' real video processors run: torch from the package index (its CPU-capable CUDA build,
 # not a local +cpu wheel, which torchvision's wheels do not load beside) with torchvision, in .venv-torchvision.
@@ -22,7 +23,7 @@ test-torchvision:
 	@test -x $(TV_VENV)/bin/python || python3 -m venv $(TV_VENV)
 	@test -f $(TV_VENV)/.vlmspec-installed -a $(TV_VENV)/.vlmspec-installed -nt pyproject.toml || \
 		{ $(TV_PIP) torch==2.13.0 torchvision==0.28.0 && $(TV_PIP) -e ".[dev]" && touch $(TV_VENV)/.vlmspec-installed; }
-	$(TV_VENV)/bin/python -m pytest
+	$(TV_VENV)/bin/python -m pytest -n 2 --dist loadfile
 
 lint: setup
 	.venv/bin/ruff check vlmspec tests scripts

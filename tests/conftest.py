@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
@@ -20,7 +21,8 @@ from vlmspec.testing import (
     tiny_qwen3_vl,
 )
 
-torch.set_num_threads(2)
+# Under pytest-xdist each worker gets one core's worth of threads.
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
 
 LONG_PROMPT = " ".join(
     ["Describe the image in detail: every shape, every colour, where each object is and how large it is."] * 6

@@ -22,7 +22,7 @@ def test_greedy_output_equals_target_generate(family, case, draft_name, policy):
     assert stats.new_tokens == out.shape[1] - family.cases[case]["input_ids"].shape[1]
     if draft_name == "self":
         assert all(step.accepted == step.greedy_depth for step in stats.steps)
-        assert all(step.greedy_depth == step.depth for step in stats.steps if policy != "sage")
+        assert all(step.greedy_depth == step.tree_depth for step in stats.steps if policy != "sage")
 
 
 @pytest.mark.parametrize("pruning", ["verifier", "uniform", "random"])
