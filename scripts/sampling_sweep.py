@@ -51,7 +51,7 @@ def main() -> None:
         "video": chat_inputs(processor, "Describe the video in detail.", video=sample_frames(0, num_frames=5)),
     }
     eos = eos_ids(target, {})
-    print("| input | warpers | policy | draft | cells | G | dof | p-value | tau | seconds |")
+    print("| input | warpers | policy | draft | continuations | G | dof | p-value | tau | seconds |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     failed = 0
     for (case, inputs), (warp_name, (warp, min_mass)) in itertools.product(cases.items(), WARPS.items()):

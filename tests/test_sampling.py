@@ -1,9 +1,10 @@
 """Sampling is lossless: speculative samples follow the target's own exact distribution, on every kind of tree.
 
-The exact distribution of every 3-token continuation (6 for SAGE, whose first tree is a fixed one: later steps
-grow its entropy-shaped trees) is enumerated with the target alone, through its own `generate(do_sample=True)`;
-2,000 seeded speculative samples are compared with it by a G test. The harness is
-checked both ways: HF's own sampler passes it and a sampler biased towards the draft's first child fails it.
+The exact distribution of 6-token continuations is enumerated with the target alone, through its own
+`generate(do_sample=True)` (prefixes rarer than a minimum mass stand for all their continuations); 2,000 seeded
+speculative samples are compared with it by a G test. Six tokens take every tree below its first level and SAGE
+past its fixed first tree into its entropy-shaped ones. The harness is checked both ways: HF's own sampler passes
+it, and samplers that favour the draft's first child or draw the bonus token from p instead of p' fail it.
 `scripts/sampling_sweep.py` runs the whole grid of policies, drafts, inputs and warpers.
 """
 
@@ -16,12 +17,13 @@ import torch
 from conftest import FAMILIES
 
 import vlmspec.engine.choice
-from vlmspec import SpeculativeVLM
-from vlmspec.engine.accept import draw
+from vlmspec import SpecStats, SpeculativeVLM
+from vlmspec.engine.accept import accept_sampled, draw
 from vlmspec.engine.tree import DraftTree
 from vlmspec.testing.distribution import GTest, continuations, eos_ids, exact_continuations, g_test
 
 SAMPLES = 2000
+NEW_TOKENS = 6
 ALPHA = 1e-3
 WARPS = {
     "temperature": dict(temperature=0.7, top_k=0),
@@ -33,53 +35,55 @@ FAMILY = FAMILIES["qwen2_5_vl"]
 
 
 @cache
-def exact(case: str, warp: str, new_tokens: int = 3) -> dict[tuple[int, ...], float]:
-    return exact_continuations(FAMILY.target, FAMILY.cases[case], new_tokens, MIN_MASS[warp], **WARPS[warp])
+def exact(case: str, warp: str) -> dict[tuple[int, ...], float]:
+    return exact_continuations(FAMILY.target, FAMILY.cases[case], NEW_TOKENS, MIN_MASS[warp], **WARPS[warp])
 
 
-def speculative_test(policy: str, draft: str, case: str, warp: str, new_tokens: int = 3) -> GTest:
+def speculative_test(policy: str, draft: str, case: str, warp: str) -> tuple[GTest, SpecStats]:
     """G test of SAMPLES continuations drawn by SpeculativeVLM (from one prefill) against the exact distribution."""
     inputs = FAMILY.cases[case]
     spec = SpeculativeVLM(FAMILY.target, FAMILY.drafts[draft], policy=policy)
     sequences = spec.generate(
         **inputs,
         do_sample=True,
-        max_new_tokens=new_tokens,
+        max_new_tokens=NEW_TOKENS,
         num_return_sequences=SAMPLES,
         generator=torch.Generator().manual_seed(0),
         **WARPS[warp],
     )
     samples = continuations(sequences, inputs["input_ids"].shape[1], eos_ids(FAMILY.target, {}))
-    return g_test(samples, exact(case, warp, new_tokens))
+    return g_test(samples, exact(case, warp)), spec.last_stats
 
 
 @pytest.mark.parametrize(
-    "policy, draft, case, warp, new_tokens",
+    "policy, draft, case, warp",
     [
-        ("chain", "independent", "video", "top_k_top_p", 3),
-        ("static-tree", "noisy", "text", "temperature", 3),
-        ("sage", "noisy", "image", "top_k_top_p", 6),
-        ("sage", "self", "video", "temperature", 6),
+        ("chain", "noisy", "video", "top_k_top_p"),
+        ("static-tree", "independent", "text", "temperature"),
+        ("sage", "noisy", "image", "top_k_top_p"),
+        ("sage", "self", "video", "temperature"),
     ],
 )
-def test_speculative_samples_follow_the_targets_exact_distribution(policy, draft, case, warp, new_tokens):
-    result = speculative_test(policy, draft, case, warp, new_tokens)
+def test_speculative_samples_follow_the_targets_exact_distribution(policy, draft, case, warp):
+    result, stats = speculative_test(policy, draft, case, warp)
     assert result.samples == SAMPLES and result.impossible == 0
     assert result.passes(ALPHA), result
+    assert max(step.tree_depth for step in stats.steps) >= 2
+    if draft != "independent":
+        assert max(step.accepted for step in stats.steps) >= 2
+    if policy == "sage":
+        assert len({step.alpha for step in stats.steps}) > 2
 
 
-def test_the_harness_passes_the_targets_own_sampler():
+@pytest.mark.parametrize("warp", list(WARPS))
+def test_the_harness_passes_the_targets_own_sampler(warp):
     inputs = FAMILY.cases["image"]
     torch.manual_seed(0)
     sequences = FAMILY.target.generate(
-        **inputs,
-        do_sample=True,
-        max_new_tokens=3,
-        num_return_sequences=SAMPLES,
-        **WARPS["top_k_top_p"],
+        **inputs, do_sample=True, max_new_tokens=NEW_TOKENS, num_return_sequences=SAMPLES, **WARPS[warp]
     )
     samples = continuations(sequences, inputs["input_ids"].shape[1], eos_ids(FAMILY.target, {}))
-    assert g_test(samples, exact("image", "top_k_top_p")).passes(ALPHA)
+    assert g_test(samples, exact("image", warp)).passes(ALPHA)
 
 
 def _always_first_child(
@@ -97,9 +101,20 @@ def _always_first_child(
     return tree.path_to(last), draw(probs[last], generator)
 
 
-def test_the_harness_rejects_a_sampler_that_favours_the_draft(monkeypatch):
-    monkeypatch.setattr(vlmspec.engine.choice, "accept_sampled", _always_first_child)
-    result = speculative_test("sage", "noisy", "image", "top_k_top_p")
+def _bonus_from_p(
+    tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A subtly wrong rule: recursive rejection, but the bonus token drawn from p, rejected children included."""
+    path, _ = accept_sampled(tree, probs, generator)
+    return path, draw(probs[int(path[-1])], generator)
+
+
+@pytest.mark.parametrize(
+    "rule, policy", [(_always_first_child, "sage"), (_bonus_from_p, "chain")], ids=["first_child", "bonus_from_p"]
+)
+def test_the_harness_rejects_a_biased_sampler(monkeypatch, rule, policy):
+    monkeypatch.setattr(vlmspec.engine.choice, "accept_sampled", rule)
+    result, _ = speculative_test(policy, "noisy", "image", "top_k_top_p")
     assert result.impossible == 0 and not result.passes(ALPHA)
 
 
@@ -133,30 +148,43 @@ class _Collect:
         self.ended = True
 
 
-@pytest.mark.parametrize("case", ["image", "video"])
-def test_sampling_stops_at_eos_and_the_budget_streams_and_honours_min_new_tokens(family, case):
-    """Half the vocabulary is EOS: without min_new_tokens sampling would stop almost at once."""
-    inputs = family.cases[case]
-    prompt_length = inputs["input_ids"].shape[1]
+def _sample_with_early_eos(family, case: str, seed: int, **settings) -> tuple[list[int], list[int], _Collect]:
+    """Sampled new tokens with half the vocabulary as EOS (generation would stop almost at once), the EOS ids and
+    what a streamer received."""
     eos = list(range(0, family.target.config.get_text_config().vocab_size, 2))
+    streamer = _Collect()
     spec = SpeculativeVLM(family.target, family.drafts["noisy"])
+    inputs = family.cases[case]
+    sequence = spec.generate(
+        **inputs,
+        do_sample=True,
+        temperature=1.5,
+        eos_token_id=eos,
+        streamer=streamer,
+        generator=torch.Generator().manual_seed(seed),
+        **settings,
+    )
+    return sequence[0, inputs["input_ids"].shape[1] :].tolist(), eos, streamer
+
+
+@pytest.mark.parametrize("case", ["image", "video"])
+def test_sampling_stops_at_the_first_eos_or_the_budget(family, case):
     for seed in range(3):
-        streamer = _Collect()
-        sequence = spec.generate(
-            **inputs,
-            do_sample=True,
-            temperature=1.5,
-            eos_token_id=eos,
-            max_new_tokens=10,
-            min_new_tokens=4,
-            streamer=streamer,
-            generator=torch.Generator().manual_seed(seed),
-        )
-        new = sequence[0, prompt_length:].tolist()
-        assert streamer.ended and streamer.tokens == sequence[0].tolist()
-        assert 4 < len(new) <= 10
-        assert not set(new[:-1]) & set(eos)
+        new, eos, _ = _sample_with_early_eos(family, case, seed, max_new_tokens=10)
+        assert 1 <= len(new) <= 10 and not set(new[:-1]) & set(eos)
         assert new[-1] in eos or len(new) == 10
+
+
+@pytest.mark.parametrize("case", ["image", "video"])
+def test_sampling_honours_min_new_tokens(family, case):
+    for seed in range(3):
+        new, eos, _ = _sample_with_early_eos(family, case, seed, max_new_tokens=10, min_new_tokens=4)
+        assert len(new) > 4 and not set(new[:4]) & set(eos)
+
+
+def test_sampling_streams_the_prompt_then_each_accepted_token(qwen):
+    new, _, streamer = _sample_with_early_eos(qwen, "image", 0, max_new_tokens=10, min_new_tokens=6)
+    assert streamer.tokens == qwen.cases["image"]["input_ids"][0].tolist() + new and streamer.ended
 
 
 def test_several_return_sequences_are_padded_after_eos_as_generate_pads(qwen):

@@ -14,6 +14,7 @@ all of them.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -177,8 +178,9 @@ class CaptionSettings:
     """What every input gets: the prompt, frame sampling, and the keyword arguments of `generate`.
 
     `generation` holds only the settings given (e.g. `do_sample`, `repetition_penalty`); the rest stay the model's
-    own generation config. With a `seed`, sampling for every input starts from a generator seeded with it, so a
-    rerun or a resume writes the same captions; without one it draws from the global RNG.
+    own generation config. With a `seed`, sampling for every input starts from a generator seeded with it and the
+    input's path, so a rerun or a resume writes the same captions while inputs draw independently of each other;
+    without one it draws from the global RNG.
     """
 
     prompt: str | None = None
@@ -190,9 +192,12 @@ class CaptionSettings:
     seed: int | None = None
 
 
-def seeded(seed: int | None) -> dict[str, Any]:
-    """`generate`'s `generator` argument, freshly seeded with `seed`; none (the global RNG) without a seed."""
-    return {} if seed is None else {"generator": torch.Generator().manual_seed(seed)}
+def seeded(seed: int | None, path: str) -> dict[str, Any]:
+    """`generate`'s `generator` argument for one input, seeded from `seed` and its path; none without a seed."""
+    if seed is None:
+        return {}
+    digest = hashlib.sha256(f"{seed}:{path}".encode()).digest()
+    return {"generator": torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)}
 
 
 class CaptioningStopped(Exception):
@@ -281,7 +286,7 @@ def _caption_one(spec: SpeculativeVLM, path: str, future: Future, settings: Capt
         except ValueError as error:  # the processor's limits on this file, e.g. Qwen's aspect ratio of at most 200:1
             return _error_record(path, error)
         start = time.perf_counter()
-        generation = {**settings.generation, **seeded(settings.seed)}
+        generation = {**settings.generation, **seeded(settings.seed, path)}
         ids = spec.generate(**inputs, max_new_tokens=settings.max_new_tokens, **generation)
         seconds = time.perf_counter() - start
     except INPUT_ERRORS as error:

@@ -45,8 +45,10 @@ def _demo(args: argparse.Namespace) -> None:
 
 
 def _generate(args: argparse.Namespace) -> None:
+    import torch
+
     from .api import generate
-    from .captioning import CONFIGURATION_ERRORS, INPUT_ERRORS, seeded
+    from .captioning import CONFIGURATION_ERRORS, INPUT_ERRORS
 
     try:
         text = generate(
@@ -59,7 +61,7 @@ def _generate(args: argparse.Namespace) -> None:
             policy=args.policy,
             **load_options(args),
             **generation_options(args),
-            **seeded(args.seed),
+            **({} if args.seed is None else {"generator": torch.Generator().manual_seed(args.seed)}),
         )
     except INPUT_ERRORS as error:
         _fail(f"vlmspec generate: {type(error).__name__}: {error}", EXIT_ERROR)
@@ -231,8 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
     cap.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_generation_options(
         cap,
-        "sample from a torch.Generator seeded with N afresh for every input: a rerun or "
-        "--resume writes the same captions (default: the global RNG, as transformers' generate)",
+        "sample from a torch.Generator seeded with N and the input's path, afresh for every input: a rerun "
+        "or --resume writes the same captions (default: the global RNG, as transformers' generate)",
     )
     cap.set_defaults(run=_caption)
 

@@ -43,15 +43,19 @@ def accept_sampled(
     n = tree.size
     parents, children = tree.parents[1:], tree.tokens[1:]
     child_mass = probs[parents, children]
-    earlier_sibling = (parents[:, None] == parents[None, :]).tril(-1).to(probs.dtype)
-    before = earlier_sibling @ child_mass
+    earlier_sibling = (parents[:, None] == parents[None, :]).tril(-1)
+    before = torch.where(earlier_sibling, child_mass[None, :], 0.0).sum(-1)
     rest = probs.index_put((parents, children), torch.zeros_like(child_mass))
     total = rest.sum(-1).index_add(0, parents, child_mass)
     u = _uniform(n, generator, probs.device) * total
     accepted = torch.ones(n, dtype=torch.bool, device=probs.device)
     accepted[1:] = (u[parents] >= before) & (u[parents] < before + child_mass)
     path, last = _deepest(tree, accepted)
-    return path, draw(rest[last], generator)
+    bonus_weights = rest[last]
+    if not bool(bonus_weights.any()):
+        # Children covering the whole support leave no gap in exact arithmetic; a rounding one gets p itself.
+        bonus_weights = probs[last]
+    return path, draw(bonus_weights, generator)
 
 
 def _deepest(tree: DraftTree, accepted: torch.Tensor) -> tuple[torch.Tensor, int]:

@@ -88,15 +88,12 @@ class NodeProcessing:
 
         Warpers run one after another on the rows that still keep more than one token; a row they narrow to one
         token is settled as one-hot (no later warper widens it), so a top-k of 1 costs one top-k and nothing more.
-        After a top-k the later warpers see only the kept columns (see `_kept_columns`).
         """
         probs = torch.zeros_like(scores)
         rows = torch.arange(scores.shape[0], device=scores.device)
         columns = None
         for warper in self.warpers:
-            scores = warper(sequence.expand(rows.shape[0], -1), scores)
-            if columns is None and isinstance(warper, TopKLogitsWarper):
-                scores, columns = _kept_columns(scores)
+            scores, columns = self._warp(warper, scores, sequence, columns)
             kept = torch.isfinite(scores) & (scores > torch.finfo(scores.dtype).min)
             single = kept.sum(-1) == 1
             if bool(single.any()):
@@ -113,27 +110,40 @@ class NodeProcessing:
         width = scores.shape[1]
         columns = None
         for warper in self.warpers:
-            scores = warper(sequence.expand(scores.shape[0], -1), scores)
-            if columns is None and isinstance(warper, TopKLogitsWarper):
-                scores, columns = _kept_columns(scores)
+            scores, columns = self._warp(warper, scores, sequence, columns)
         log_probs = torch.log_softmax(scores, dim=-1)
         if columns is None:
             return log_probs
         return log_probs.new_full((log_probs.shape[0], width), -torch.inf).scatter_(1, columns, log_probs)
+
+    @staticmethod
+    def _warp(
+        warper: LogitsProcessor, scores: torch.Tensor, sequence: torch.Tensor, columns: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One warper over `scores` (m, k) on vocabulary `columns` (None: all); after a top-k, only its columns."""
+        scores = warper(sequence.expand(scores.shape[0], -1), scores)
+        if columns is None and isinstance(warper, TopKLogitsWarper):
+            return _kept_columns(scores)
+        return scores, columns
 
 
 def _kept_columns(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The columns a top-k kept (ties at the k-th value included), in vocabulary order, and their indices.
 
     The cut tokens are -inf, which no later warper revives, so top-p, typical-p and the like sort k values
-    instead of the whole vocabulary; kept in vocabulary order, ties fall as they would in the full row.
+    instead of the whole vocabulary. Sorting is not stable, so where kept scores tie, the rows stay whole: only the
+    full row sorts as `generate` sorts it.
     """
     kept = torch.isfinite(scores) & (scores > torch.finfo(scores.dtype).min)
     width = int(kept.sum(-1).max())
     if 4 * width > scores.shape[1]:
         return scores, None
     columns = scores.topk(width, dim=-1).indices.sort(dim=-1).values
-    return scores.gather(1, columns), columns
+    compact = scores.gather(1, columns)
+    ordered = compact.sort(dim=-1).values
+    if bool(((ordered[:, 1:] == ordered[:, :-1]) & torch.isfinite(ordered[:, 1:])).any()):
+        return scores, None
+    return compact, columns
 
 
 def _spread(values: torch.Tensor, columns: torch.Tensor | None, rows: torch.Tensor | None, width: int) -> torch.Tensor:
@@ -175,8 +185,10 @@ class TargetSampler:
     def accept(
         self, tree: DraftTree, logits: torch.Tensor, sequence: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The accepted path (node indices, root first) and the bonus token, given the target's logits (n, V)
-        after every node; `sequence` (1, T) ends with the root."""
+        """The accepted path (node indices, root first) and the bonus token, from the target's logits after each node.
+
+        `logits` (n, V) are the target's after every node; `sequence` (1, T) ends with the root.
+        """
         processing = self.processing
         scores = processing.process(logits, sequence, tree.tokens, tree.ancestors)
         if not self.do_sample:

@@ -19,6 +19,9 @@ _RANK_FLOOR = 1e4
 class Drafted:
     """A grown tree, the draft's log-probabilities at the root, and how many tree nodes the draft cache holds.
 
+    The log-probabilities are under the generation config's processing, warpers included when the target samples
+    (-inf for the tokens they cut).
+
     `greedy_depth` is how far the draft's own top-1 path reaches in the tree: with the target as its own draft,
     exactly that many tokens are accepted.
     """

@@ -93,7 +93,7 @@ class _Prefill:
 
 
 class SpeculativeDecoder:
-    """Lossless tree speculative decoding of one sequence with a target, a draft and a tree policy."""
+    """Lossless tree speculative decoding of one prompt with a target, a draft and a tree policy."""
 
     def __init__(
         self,
@@ -175,7 +175,7 @@ class SpeculativeDecoder:
             self._prefill_target(prefill, stats, timer)
         else:
             target.keep(prefill.target_length, prefill.nothing)
-        with timer("target_prefill"):
+        with timer("acceptance"):
             first = settings.sampler.first(prefill.logits, sink.sequence)
         sink.emit(first[None])
         if sink.finished:

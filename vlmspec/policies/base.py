@@ -101,14 +101,17 @@ class TreePolicy(ABC):
     name: str = "policy"
 
     def reset(self) -> None:
-        """Forget everything learned during a previous `generate` call."""
+        """Forget everything learned before: called at the start of every continuation a `generate` call draws."""
 
     @abstractmethod
     def plan(self) -> TreePlan:
         """The tree for the next step."""
 
     def observe(self, root_log_probs: torch.Tensor, accepted: int) -> None:
-        """Learn from a finished step: the draft's log-probabilities at the root and the accepted length."""
+        """Learn from a finished step: the draft's log-probabilities at the root and the accepted length.
+
+        The log-probabilities are under the generation config's processing (-inf where its warpers cut a token).
+        """
 
     @property
     def confidence(self) -> float | None:

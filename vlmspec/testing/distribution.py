@@ -1,11 +1,10 @@
 """The exact distribution of a model's sampled continuations, and a G test of samples against it.
 
 `exact_continuations` enumerates, with the target alone, every continuation of a few tokens and its probability
-under `generate(do_sample=True)`'s own processors and warpers (read back from `output_scores`): a warped
-distribution of small support (top-k 3 or 4) has a few dozen continuations. Where the support is wide
-(temperature alone), prefixes less likely than `min_mass` are not expanded: each stands for all continuations
-that start with it, which coarsens the partition the test compares on and keeps it exact. `g_test` compares
-sampled counts with those probabilities.
+under `generate(do_sample=True)`'s own processors and warpers (read back from `output_scores`). Prefixes less
+likely than `min_mass` are not expanded: each stands for all continuations that start with it, which coarsens the
+partition the test compares on (needed where the support is wide, as with temperature alone, or the continuations
+long) and keeps it exact. `g_test` compares sampled counts with those probabilities.
 """
 
 from __future__ import annotations
@@ -42,7 +41,11 @@ def exact_continuations(
 def next_token_distribution(
     model: PreTrainedModel, inputs: dict[str, Any], prefix: Continuation, **generate_kwargs: Any
 ) -> dict[int, float]:
-    """The distribution `generate(do_sample=True)` draws the token after `prefix` from: its support and masses."""
+    """The distribution `generate(do_sample=True)` draws the token after `prefix` from: its support and masses.
+
+    The prefix joins the prompt, so processors that count new tokens (`min_new_tokens`, a repetition penalty's
+    `prompt_ignore_length`) would see it differently than generation does: use row-wise warpers here.
+    """
     extended = extend_inputs(inputs, prefix)
     out = model.generate(
         **extended,
@@ -103,13 +106,18 @@ def g_test(samples: Iterable[Continuation], exact: dict[Continuation, float], mi
             pooled_expected += expected
         else:
             cells.append((observed, expected))
-    if pooled_expected > 0:
+    if pooled_expected >= min_expected or (pooled_expected > 0 and not cells):
         cells.append((pooled_observed, pooled_expected))
+    elif pooled_expected > 0:
+        smallest = min(range(len(cells)), key=lambda i: cells[i][1])
+        cells[smallest] = (cells[smallest][0] + pooled_observed, cells[smallest][1] + pooled_expected)
+    if len(cells) < 2:
+        raise ValueError(f"{len(cells)} cell(s) after pooling: the G test needs at least two; draw more samples")
     observed = torch.tensor([o for o, _ in cells], dtype=torch.float64)
     expected = torch.tensor([e for _, e in cells], dtype=torch.float64)
     terms = torch.where(observed > 0, observed * (observed / expected).log(), torch.zeros_like(observed))
     statistic = float(2 * terms.sum())
-    dof = max(len(cells) - 1, 1)
+    dof = len(cells) - 1
     half = torch.tensor([dof / 2, statistic / 2], dtype=torch.float64)
     p_value = float(torch.special.gammaincc(half[0], half[1]))
     return GTest(statistic, dof, p_value, n, impossible)
