@@ -61,12 +61,11 @@ def resolve_generation(
             model_kwargs=model_kwargs,
         )
 
-    target_processors = processors(config)
-    draft_config = config
+    target_processors = draft_processors = processors(config)
     if config.do_sample and config.top_k == 1:
         draft_config = copy.copy(config)
         draft_config.do_sample = False
-    draft_processors = processors(draft_config) if draft_config is not config else target_processors
+        draft_processors = processors(draft_config)
     eos, pad = config._eos_token_tensor, config._pad_token_tensor
     return DecodeSettings(
         max_new_tokens=max(0, max_new_tokens),
