@@ -1,7 +1,9 @@
-"""Share of wall time spent outside model forwards (tree building, acceptance, cache bookkeeping).
+"""Share of wall time spent outside model forwards (tree building, acceptance, cache bookkeeping, policy).
 
-Runs the tiny fixture pair with the target as its own draft and times every top-level model forward with hooks.
-Usage: .venv/bin/python scripts/overhead.py [--max-new-tokens N] [--repeats R] [--hidden-size H --layers L]
+Times every top-level forward of the target and the draft with hooks while each policy decodes the benchmark
+suite's items; what is left of the wall time is the decoder's own overhead. Runs on the demo pair by default
+(`--fixture`: the tiny test fixture with the target as its own draft).
+Usage: .venv/bin/python scripts/overhead.py [--suite image|video] [--n N] [--max-new-tokens N] [--fixture]
 """
 
 from __future__ import annotations
@@ -12,40 +14,68 @@ import time
 import torch
 
 from vlmspec import SpeculativeVLM
+from vlmspec.api import load_pair
+from vlmspec.eval.bench import suite_inputs
 from vlmspec.testing import chat_inputs, sample_image, tiny_processor, tiny_qwen2_5_vl
+
+POLICIES = ("chain", "static-tree", "sage", "sage-gt")
+
+
+class ForwardClock:
+    """Wall time spent inside the forwards of the given models (nested calls counted once)."""
+
+    def __init__(self, *models: torch.nn.Module):
+        self.seconds = 0.0
+        self._depth = 0
+        self._started = 0.0
+        for model in {id(m): m for m in models}.values():
+            model.register_forward_pre_hook(self._enter)
+            model.register_forward_hook(self._leave)
+
+    def _enter(self, *_) -> None:
+        if self._depth == 0:
+            self._started = time.perf_counter()
+        self._depth += 1
+
+    def _leave(self, *_) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            self.seconds += time.perf_counter() - self._started
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--hidden-size", type=int, default=64, help="fixture default: 64")
-    parser.add_argument("--layers", type=int, default=2, help="fixture default: 2")
+    parser.add_argument("--suite", choices=["image", "video"], default="image")
+    parser.add_argument("--n", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=160)
+    parser.add_argument("--fixture", action="store_true", help="the tiny fixture, its target as its own draft")
     args = parser.parse_args()
     torch.set_num_threads(2)
-    target = tiny_qwen2_5_vl(seed=0, hidden_size=args.hidden_size, num_layers=args.layers)
-    inputs = chat_inputs(tiny_processor(), "Describe the image in detail.", images=[sample_image(0)])
-    in_forward = [0.0]
-    started: list[float] = []
-    target.register_forward_pre_hook(lambda *_: started.append(time.perf_counter()))
-    target.register_forward_hook(
-        lambda *_: in_forward.__setitem__(0, in_forward[0] + time.perf_counter() - started.pop())
-    )
+    if args.fixture:
+        target = tiny_qwen2_5_vl(seed=0)
+        pair = SpeculativeVLM(target, target)
+        items = [chat_inputs(tiny_processor(), "Describe the image in detail.", images=[sample_image(0)])]
+    else:
+        pair = load_pair(torch_dtype=torch.float32)
+        items = suite_inputs(pair.processor, args.suite, args.n)
+    clock = ForwardClock(pair.target, pair.draft)
     print(f"{'policy':<12} {'tokens':>6} {'steps':>5} {'tau':>5} {'wall s':>7} {'outside forwards':>17}")
-    for policy in ("chain", "static-tree", "sage"):
-        spec = SpeculativeVLM(target, target, policy=policy)
-        spec.generate(**inputs, max_new_tokens=8)
-        in_forward[0], wall = 0.0, 0.0
-        for _ in range(args.repeats):
+    for policy in POLICIES:
+        spec = pair.with_options(policy)
+        spec.generate(**items[0], max_new_tokens=16, do_sample=False)
+        clock.seconds, wall, tokens, steps, accepted = 0.0, 0.0, 0, 0, 0
+        for inputs in items:
             start = time.perf_counter()
-            spec.generate(**inputs, max_new_tokens=args.max_new_tokens)
+            spec.generate(**inputs, max_new_tokens=args.max_new_tokens, do_sample=False)
             wall += time.perf_counter() - start
-        stats = spec.last_stats
-        share = 1.0 - in_forward[0] / wall
-        print(
-            f"{policy:<12} {stats.new_tokens:>6} {stats.iterations:>5} {stats.mean_accept_length:>5.2f} "
-            f"{wall / args.repeats:>7.3f} {share:>16.1%}"
-        )
+            stats = spec.last_stats
+            tokens, steps, accepted = (
+                tokens + stats.new_tokens,
+                steps + stats.iterations,
+                accepted + sum(s.accepted for s in stats.steps),
+            )
+        share = 1.0 - clock.seconds / wall
+        print(f"{policy:<12} {tokens:>6} {steps:>5} {accepted / max(1, steps):>5.2f} {wall:>7.3f} {share:>16.1%}")
 
 
 if __name__ == "__main__":

@@ -87,12 +87,12 @@ def test_a_sampled_bench_gives_every_method_the_settings_and_the_same_seed_per_i
     monkeypatch.setattr(spec.target, "generate", spy(spec.target.generate))
     n = 2
     results = run_bench(spec, "image", list(METHODS), n=n, max_new_tokens=2, progress=False, generation=SAMPLED)
-    assert len(calls) == len(METHODS) * (n + 1)  # a warm-up and n timed items per method
+    assert len(calls) == len(METHODS) * (n + 1)  # a warm-up per method, then every method on each item in turn
     assert all(settings == SAMPLED for settings, _ in calls)
     seeded = [torch.manual_seed(item).get_state() for item in range(n)]
-    for start in range(0, len(calls), n + 1):
-        timed = calls[start + 1 : start + n + 1]
-        assert all(torch.equal(state, seeded[item]) for item, (_, state) in enumerate(timed))
+    timed = calls[len(METHODS) :]
+    for index, (_, state) in enumerate(timed):
+        assert torch.equal(state, seeded[index // len(METHODS)])
     assert all(method["exact_match"] is None for method in results["methods"].values())
     write_report(results, tmp_path, "vlmspec bench --suite image --n 2 --do-sample")
     report = (tmp_path / "results.md").read_text()

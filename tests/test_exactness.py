@@ -7,8 +7,12 @@ import torch
 from conftest import CASES, DRAFTS
 
 from vlmspec import SpeculativeVLM
+from vlmspec.adapters import adapter_for
+from vlmspec.engine.runner import ModelRunner
+from vlmspec.testing import chat_inputs, sample_frames
+from vlmspec.testing.distribution import extend_inputs
 
-POLICIES = ("chain", "static-tree", "sage")
+POLICIES = ("chain", "static-tree", "sage", "sage-gt")
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -16,13 +20,25 @@ POLICIES = ("chain", "static-tree", "sage")
 @pytest.mark.parametrize("case", CASES)
 def test_greedy_output_equals_target_generate(family, case, draft_name, policy):
     spec = SpeculativeVLM(family.target, family.drafts[draft_name], policy=policy, pruning=None)
+    if policy == "sage-gt":
+        assert torch.equal(spec.generate(**family.cases[case], max_new_tokens=32), family.reference(case))
     out = spec.generate(**family.cases[case], max_new_tokens=32)
     assert torch.equal(out, family.reference(case))
     stats = spec.last_stats
     assert stats.new_tokens == out.shape[1] - family.cases[case]["input_ids"].shape[1]
     if draft_name == "self":
         assert all(step.accepted == step.greedy_depth for step in stats.steps)
-        assert all(step.greedy_depth == step.tree_depth for step in stats.steps if policy != "sage")
+        assert all(step.greedy_depth == step.tree_depth for step in stats.steps if not policy.startswith("sage"))
+
+
+def test_sage_gt_stays_exact_once_it_sizes_trees_by_cost(qwen):
+    spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"], policy="sage-gt", pruning=None)
+    for case in ("image", "video", "image"):
+        assert torch.equal(spec.generate(**qwen.cases[case], max_new_tokens=32), qwen.reference(case))
+    steps = spec.last_stats.steps
+    assert spec.policy.ready
+    assert all(step.predicted_tokens is not None for step in steps[1:])
+    assert len({step.nodes for step in steps[1:]}) > 1
 
 
 @pytest.mark.parametrize("pruning", ["verifier", "uniform", "random"])
@@ -47,3 +63,21 @@ def test_noisy_draft_is_accepted_only_partially(target, drafts, cases):
     spec.generate(**cases["image"], max_new_tokens=32)
     accepted = [s.accepted for s in spec.last_stats.steps]
     assert 0 < sum(accepted) < 5 * len(accepted)
+
+
+def test_text_after_a_long_clip_goes_on_from_the_last_prompt_position(family):
+    """A clip of many small frames and a short question: the video's temporal positions end above the question's,
+    and the token after the prompt must still see the logits a full forward over prompt + token gives."""
+    inputs = chat_inputs(family.processor, "Why?", video=sample_frames(4, num_frames=32, size=(28, 28)))
+    adapter = adapter_for(family.target)
+    positions = adapter.prompt_positions(inputs)
+    if family.name.startswith("qwen2_5"):
+        assert int(positions[..., -1].max()) < int(positions.max())
+    token = torch.tensor([7])
+    extended = extend_inputs(inputs, (7,))
+    with torch.inference_mode():
+        full = family.target(**extended).logits[0, -1]
+        runner = ModelRunner(adapter)
+        runner.prefill(inputs)
+        decoded = runner.forward(token, torch.zeros(1, dtype=torch.long), runner.causal_bias(1), runner.length)[0]
+    torch.testing.assert_close(decoded, full, rtol=1e-4, atol=1e-4)

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from policy_steps import chain_step
 
 from vlmspec import SageConfig, SagePolicy
 from vlmspec.policies import AdaptiveTreePlan, RankTreePlan
@@ -35,7 +36,7 @@ def test_first_step_uses_the_static_tree_then_adapts():
     assert policy.confidence == 0.5
     one_hot = torch.full((50,), -1e9)
     one_hot[0] = 0.0
-    policy.observe(one_hot, accepted=3)
+    policy.observe(chain_step(one_hot, accepted=3))
     plan = policy.plan()
     assert isinstance(plan, AdaptiveTreePlan)
     assert (plan.depth, plan.width) == (8, pytest.approx(2.0))
@@ -118,7 +119,7 @@ def test_history_respects_its_bounds():
 
 def test_reset_forgets_history_and_confidence():
     policy = SagePolicy(SageConfig(history_window=1))
-    policy.observe(torch.zeros(20), accepted=9)
+    policy.observe(chain_step(torch.zeros(20), accepted=9))
     policy.reset()
     assert (policy.alpha, policy.depth_max, len(policy.history)) == (0.5, 8, 0)
 

@@ -62,6 +62,7 @@ def speculative_test(policy: str, draft: str, case: str, warp: str) -> tuple[GTe
         ("static-tree", "independent", "text", "temperature"),
         ("sage", "noisy", "image", "top_k_top_p"),
         ("sage", "self", "video", "temperature"),
+        ("sage-gt", "noisy", "video", "temperature"),
     ],
 )
 def test_speculative_samples_follow_the_targets_exact_distribution(policy, draft, case, warp):
@@ -73,6 +74,8 @@ def test_speculative_samples_follow_the_targets_exact_distribution(policy, draft
         assert max(step.accepted for step in stats.steps) >= 2
     if policy == "sage":
         assert len({step.alpha for step in stats.steps}) > 2
+    if policy == "sage-gt":
+        assert sum(step.predicted_tokens is not None for step in stats.steps) > len(stats.steps) // 2
 
 
 @pytest.mark.parametrize("warp", list(WARPS))

@@ -17,7 +17,17 @@ from .errors import (
     VocabularyMismatchError,
 )
 from .hf.pipeline import pipeline
-from .policies import ChainPolicy, SageConfig, SagePolicy, StaticTreePolicy, TreePlan, TreePolicy
+from .policies import (
+    ChainPolicy,
+    SageConfig,
+    SageGtConfig,
+    SageGtPolicy,
+    SagePolicy,
+    StaticTreePolicy,
+    StepOutcome,
+    TreePlan,
+    TreePolicy,
+)
 from .pruning import PruningConfig
 from .speculative import SpeculativeVLM
 
@@ -36,10 +46,13 @@ __all__ = [
     "UnsupportedMediaError",
     "PruningConfig",
     "SageConfig",
+    "SageGtConfig",
+    "SageGtPolicy",
     "SagePolicy",
     "SpecStats",
     "SpeculativeVLM",
     "StaticTreePolicy",
+    "StepOutcome",
     "StepRecord",
     "TreePlan",
     "TreePolicy",

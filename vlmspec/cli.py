@@ -13,6 +13,9 @@ import traceback
 from pathlib import Path
 from typing import Any, NoReturn
 
+# The tree policies by name (as vlmspec.policies.POLICY_NAMES; the CLI does not import torch to parse arguments).
+POLICIES = ("chain", "static-tree", "sage", "sage-gt")
+
 EXIT_ERROR = 1
 EXIT_CONFIGURATION = 2
 EXIT_INTERRUPTED = 130
@@ -151,7 +154,7 @@ def _add_pair_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="target: hub id or directory (default: the demo pair)")
     parser.add_argument("--draft", help="draft: hub id or directory")
     parser.add_argument("--dtype", choices=DTYPES, help="the pair's dtype (default: vlmspec's loading default)")
-    parser.add_argument("--policy", default="sage", choices=["chain", "static-tree", "sage"])
+    parser.add_argument("--policy", default="sage", choices=POLICIES)
 
 
 def _add_sampling_settings(group: argparse._ArgumentGroup) -> None:
@@ -192,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser("demo", help="caption the bundled sample image and video with the demo pair")
     demo.add_argument("--max-new-tokens", type=int, default=200)
-    demo.add_argument("--policy", default="sage", choices=["chain", "static-tree", "sage"])
+    demo.add_argument("--policy", default="sage", choices=POLICIES)
     demo.set_defaults(run=_demo)
 
     gen = commands.add_parser("generate", help="answer a prompt about images and videos")
@@ -239,8 +242,13 @@ def build_parser() -> argparse.ArgumentParser:
     cap.set_defaults(run=_caption)
 
     bench = commands.add_parser("bench", help="tau and speedup of every method against plain generate")
-    bench.add_argument("--suite", choices=["image", "video"], default="video")
-    bench.add_argument("--methods", default="ar,hf-assisted,chain,static-tree,specvlm,sage")
+    bench.add_argument("--suite", choices=["image", "video", "long-video"], default="video")
+    bench.add_argument(
+        "--methods",
+        default="ar,hf-assisted,chain,static-tree,specvlm,sage,sage-gt",
+        help="comma-separated: ar, hf-assisted, chain, static-tree, specvlm, sage, sage-gt, and sage-full / "
+        "sage-gt-full (no pruning)",
+    )
     bench.add_argument("--n", type=int, default=8)
     bench.add_argument("--max-new-tokens", type=int, default=200)
     bench.add_argument("--model", help="target (default: the demo pair)")

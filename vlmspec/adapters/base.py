@@ -135,7 +135,9 @@ class ModelAdapter(ABC):
                 **model_inputs, position_ids=positions, past_key_values=cache, use_cache=True, logits_to_keep=1
             )
         length = inputs["input_ids"].shape[1] if keep is None else int(keep.sum())
-        return Prefill(last_logits=out.logits[0, -1], length=length, next_position=int(positions.max()) + 1)
+        # Generation goes on from the last prompt token's position, not the largest: text after a long video sits
+        # below the video's last temporal positions (its positions advance by the frame grid, not the clip length).
+        return Prefill(last_logits=out.logits[0, -1], length=length, next_position=int(positions[..., -1].max()) + 1)
 
     def decode(
         self, input_ids: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor, cache: DynamicCache

@@ -23,13 +23,15 @@ class Drafted:
     (-inf for the tokens they cut).
 
     `greedy_depth` is how far the draft's own top-1 path reaches in the tree: with the target as its own draft,
-    exactly that many tokens are accepted.
+    exactly that many tokens are accepted. `forwards` and `fed_tokens` count the draft forwards and their tokens.
     """
 
     tree: DraftTree
     root_log_probs: torch.Tensor
     cached_nodes: int
     greedy_depth: int
+    forwards: int
+    fed_tokens: int
 
 
 class Drafter:
@@ -100,7 +102,7 @@ class Drafter:
         root_log_probs, root_order = self._log_probs(logits[-1], processing, sequence)
         frontier = slice(0, 1)
         child_log_probs, child_order = root_log_probs[None], root_order[None]
-        cached_nodes = 0
+        cached_nodes, forwards, fed_tokens = 0, 1, pending.shape[0]
         depth = plan.depth if max_depth is None else max(0, min(plan.depth, max_depth))
         for level in range(1, depth + 1):
             top = child_order.topk(plan.top_k, dim=-1).indices
@@ -112,13 +114,14 @@ class Drafter:
             new = builder.add_level(
                 rows + frontier.start, top[rows, ranks], parent_log_probs[rows] + top_log_probs[rows, ranks], ranks
             )
-            if level == depth or builder.size - 1 >= plan.max_nodes:
+            if level == depth or builder.size - 1 >= plan.max_nodes or not plan.grows(level):
                 break
             frontier = new
             bias = additive_mask(runner.length - cached_nodes, builder.ancestors[new, 1 : new.stop], runner.dtype)
             logits = runner.forward(builder.tokens[new], builder.depths[new], bias, root_index)
+            forwards, fed_tokens = forwards + 1, fed_tokens + new.stop - new.start
             child_log_probs, child_order = self._log_probs(
                 logits, processing, sequence, builder.ancestors[new, : builder.size]
             )
             cached_nodes = new.stop - 1
-        return Drafted(builder.build(), root_log_probs, cached_nodes, builder.greedy_depth())
+        return Drafted(builder.build(), root_log_probs, cached_nodes, builder.greedy_depth(), forwards, fed_tokens)

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ..policies import TreePolicy
+from ..policies import StepOutcome, TreePolicy
 from ..pruning import PruningConfig, VerifierScores
 from .choice import NodeProcessing, TargetSampler
 from .draft import Drafter
@@ -187,6 +187,7 @@ class SpeculativeDecoder:
         policy.reset()
         pending = first[None].to(draft.device)
         while not sink.finished:
+            step_started = time.perf_counter()
             plan = policy.plan()
             draft_start = draft.length
             with timer("drafting"):
@@ -210,7 +211,25 @@ class SpeculativeDecoder:
                         [torch.arange(pending.shape[0], device=draft.device), draft_path[in_draft] + root_offset]
                     ),
                 )
+                fed_pending = pending.shape[0]
                 pending = torch.cat([drafted.tree.tokens[draft_path[~in_draft]], bonus[None].to(draft.device)])
+                model_seconds = timer.last["drafting"] + timer.last["verification"]
+                policy.observe(
+                    StepOutcome(
+                        root_log_probs=drafted.root_log_probs,
+                        accepted=accepted_nodes.shape[0],
+                        tree=drafted.tree,
+                        path=path,
+                        draft_forwards=drafted.forwards,
+                        draft_tokens=drafted.fed_tokens,
+                        draft_context=draft_start + fed_pending,
+                        target_context=target_start,
+                        draft_seconds=timer.last["drafting"],
+                        verify_seconds=timer.last["verification"],
+                        seconds=time.perf_counter() - step_started,
+                    )
+                )
+                predicted = policy.prediction
                 stats.steps.append(
                     StepRecord(
                         alpha=policy.confidence,
@@ -220,7 +239,9 @@ class SpeculativeDecoder:
                         accepted=accepted_nodes.shape[0],
                         tree_depth=tree.depth,
                         greedy_depth=drafted.greedy_depth,
+                        seconds=model_seconds,
+                        predicted_tokens=None if predicted is None else predicted[0],
+                        predicted_seconds=None if predicted is None else predicted[1],
                     )
                 )
-                policy.observe(drafted.root_log_probs, accepted_nodes.shape[0])
                 sink.emit(torch.cat([tree.tokens[accepted_nodes], bonus[None]]))

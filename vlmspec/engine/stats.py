@@ -25,7 +25,8 @@ class StepRecord:
     """One draft-verify iteration: the confidence it was planned with, the tree's shape and the accepted length.
 
     `depth` and `width` are the plan's; `tree_depth` is how deep the grown tree reached and `greedy_depth` how far
-    the draft's own top-1 path went in it.
+    the draft's own top-1 path went in it. `seconds` is the step's drafting + verification time; a policy with a
+    cost model also records what it predicted: tokens emitted (accepted + 1) and those seconds.
     """
 
     alpha: float | None
@@ -35,6 +36,9 @@ class StepRecord:
     accepted: int
     tree_depth: int
     greedy_depth: int
+    seconds: float = 0.0
+    predicted_tokens: float | None = None
+    predicted_seconds: float | None = None
 
 
 @dataclass
@@ -62,11 +66,13 @@ class SpecStats:
 
 
 class PhaseTimer:
-    """Adds wall time to `stats.phase_seconds[name]`; on CUDA it synchronises so that time lands in its phase."""
+    """Adds wall time to `stats.phase_seconds[name]` (and keeps each phase's last span in `last`); on CUDA it
+    synchronises so that time lands in its phase."""
 
     def __init__(self, stats: SpecStats, device: torch.device):
         self.stats = stats
         self.sync = torch.cuda.synchronize if device.type == "cuda" else None
+        self.last: dict[str, float] = dict.fromkeys(PHASES, 0.0)
 
     @contextmanager
     def __call__(self, name: str):
@@ -78,4 +84,5 @@ class PhaseTimer:
         finally:
             if self.sync:
                 self.sync()
-            self.stats.phase_seconds[name] += time.perf_counter() - start
+            self.last[name] = time.perf_counter() - start
+            self.stats.phase_seconds[name] += self.last[name]

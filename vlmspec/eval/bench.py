@@ -1,11 +1,17 @@
 """`vlmspec bench`: every method on the same inputs in one process, against plain `generate`.
 
 Methods: `ar` (target.generate), `hf-assisted` (target.generate with the draft as `assistant_model`), `chain`,
-`static-tree`, `specvlm` (verifier pruning + static tree), `sage` (verifier pruning + SAGE). Each method is warmed
-up on the first item, then timed on all items, with the same generation settings: greedy unless they sample. Every
-call on item i starts from `torch.manual_seed(i)`, so a sampled run repeats. Speedup is tokens per second relative
-to `ar` in the same run; exact_match the share of items whose ids equal `ar`'s, None when sampling (every method
-draws its own sample from the same distribution, so equal ids are not expected).
+`static-tree`, `specvlm` (verifier pruning + static tree), `sage` (verifier pruning + SAGE), `sage-gt` (verifier
+pruning + SAGE sized by measured cost), and `sage-full` / `sage-gt-full`, the same without pruning (the draft sees
+every visual token). Each method is warmed up on the first item; then every item is run by every method in turn,
+so a change in the machine's speed during the run falls on all methods alike. All use the same generation
+settings, greedy unless they sample; every call on item i starts from `torch.manual_seed(i)`, so a sampled run
+repeats. Speedup is tokens per second relative to `ar` in the same run; exact_match the share of items whose ids
+equal `ar`'s, None when sampling (every method draws its own sample from the same distribution).
+
+Suites: `image` and `video` are the demo pair's held-out items at its training size (112 px, 8-frame clips);
+`long-video` renders the held-out clips with 32 frames at 336 px, which the Qwen-VL video processors' default
+pixel budget (at least 128 x 28 x 28 pixels per frame) keeps whole: 2,304 visual tokens per clip.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import json
 import math
 import platform
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,16 +29,23 @@ import torch
 from tqdm import tqdm
 
 from ..engine.stats import PHASES
-from ..processors import chat_messages
+from ..processors import QwenVideoPacker, VisualInputs, chat_messages
 from ..speculative import SpeculativeVLM
-from .synthetic import VIDEO_FPS, items
+from .synthetic import VIDEO_FPS, items, make_item
 
-METHODS = ("ar", "hf-assisted", "chain", "static-tree", "specvlm", "sage")
+SUITES = ("image", "video", "long-video")
+LONG_VIDEO_FRAMES = 32
+LONG_VIDEO_SIZE = 336
+
+METHODS = ("ar", "hf-assisted", "chain", "static-tree", "specvlm", "sage", "sage-gt", "sage-full", "sage-gt-full")
 _SPEC_METHODS = {
     "chain": ("chain", None),
     "static-tree": ("static-tree", None),
     "specvlm": ("static-tree", "verifier"),
     "sage": ("sage", "verifier"),
+    "sage-gt": ("sage-gt", "verifier"),
+    "sage-full": ("sage", None),
+    "sage-gt-full": ("sage-gt", None),
 }
 
 
@@ -46,9 +59,11 @@ class MethodRun:
     exact: list[bool] = field(default_factory=list)
     phase_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     steps: list[list[dict[str, Any]]] = field(default_factory=list)
+    prefill_tokens: list[tuple[int, int]] = field(default_factory=list)
 
     def summary(self, ar_tokens_per_s: float) -> dict[str, Any]:
         tokens_per_s = self.new_tokens / self.seconds if self.seconds else 0.0
+        target, draft = np.mean(self.prefill_tokens, axis=0) if self.prefill_tokens else (None, None)
         return {
             "tau": float(np.mean(self.taus)) if self.taus else None,
             "tokens_per_s": tokens_per_s,
@@ -56,6 +71,8 @@ class MethodRun:
             "exact_match": float(np.mean(self.exact)) if self.exact else None,
             "new_tokens": self.new_tokens,
             "seconds": self.seconds,
+            "target_prefill_tokens": None if target is None else float(target),
+            "draft_prefill_tokens": None if draft is None else float(draft),
             "phase_seconds": self.phase_seconds if any(self.phase_seconds.values()) else None,
         }
 
@@ -71,12 +88,29 @@ class ForwardCounter:
         self.calls += 1
 
 
+def long_video_processor(processor: Any) -> Any:
+    """`processor` with the Qwen-VL video processors' default pixel budget where its own packer narrows it (the demo
+    pair's processor fixes 112 x 112 frames); a processor that handles videos itself is used as it is."""
+    packer = getattr(processor, "video_packer", None)
+    if not isinstance(packer, QwenVideoPacker):
+        return processor
+    defaults = type(packer.patcher)()
+    patcher = replace(packer.patcher, min_pixels=defaults.min_pixels, max_pixels=defaults.max_pixels)
+    return VisualInputs(processor.processor, QwenVideoPacker(patcher, packer.timestamps, packer.sampling))
+
+
 def suite_inputs(processor, suite: str, n: int) -> list[dict[str, torch.Tensor]]:
-    """Processed held-out items of one kind."""
-    chosen = [i for i in items("held-out", 4 * n + 2) if i.kind == suite][:n]
+    """Processed held-out items of one suite."""
+    if suite not in SUITES:
+        raise ValueError(f"unknown suite {suite!r}; choose from {', '.join(SUITES)}")
+    kind = "image" if suite == "image" else "video"
+    chosen = [i for i in items("held-out", 4 * n + 2) if i.kind == kind][:n]
+    if suite == "long-video":
+        chosen = [make_item(i.seed, "video", LONG_VIDEO_FRAMES, LONG_VIDEO_SIZE) for i in chosen]
+        processor = long_video_processor(processor)
     inputs = []
     for item in chosen:
-        images, videos = ([item.image], []) if suite == "image" else ([], [item.video])
+        images, videos = ([item.image], []) if kind == "image" else ([], [item.video])
         text = processor.apply_chat_template(chat_messages(item.prompt, len(images), len(videos)))
         inputs.append(dict(processor(text, images=images, videos=videos, video_fps=VIDEO_FPS)))
     return inputs
@@ -124,14 +158,15 @@ def run_bench(
     target = spec.target
     inputs = suite_inputs(spec.processor, suite, n)
     runs = {m: MethodRun() for m in methods}
+    runners = {m: _Runner(spec, m, generation) for m in methods}
     references: list[torch.Tensor] = []
     entropies: list[np.ndarray] = []
     bar = tqdm(total=len(methods) * (len(inputs) + 1), desc=f"bench {suite}", disable=not progress)
     for method in methods:
-        runner = _Runner(spec, method, generation)
-        runner(inputs[0], max_new_tokens)
+        runners[method](inputs[0], max_new_tokens)
         bar.update()
-        for index, item in enumerate(inputs):
+    for index, item in enumerate(inputs):
+        for method, runner in runners.items():
             torch.manual_seed(index)
             counter = ForwardCounter(target) if method == "hf-assisted" else None
             start = time.perf_counter()
@@ -153,6 +188,7 @@ def run_bench(
             elif method != "ar":
                 stats = runner.spec.last_stats
                 run.taus.append(stats.mean_accept_length)
+                run.prefill_tokens.append((stats.target_prefill_tokens, stats.draft_prefill_tokens))
                 for phase, value in stats.phase_seconds.items():
                     run.phase_seconds[phase] += value
                 run.steps.append([vars(s) for s in stats.steps])
@@ -170,6 +206,11 @@ def run_bench(
         "tau_per_item": {m: runs[m].taus for m in methods if runs[m].taus},
         "entropy_autocorrelation": autocorrelation(entropies),
         "sage_steps": runs["sage"].steps[0] if "sage" in runs and runs["sage"].steps else [],
+        "cost_model_steps": {
+            m: [s for item_steps in runs[m].steps for s in item_steps if s["predicted_tokens"] is not None]
+            for m in methods
+            if m.startswith("sage-gt")
+        },
     }
 
 
@@ -226,13 +267,16 @@ def markdown_report(results: dict[str, Any], command: str) -> str:
         "",
         f"Command: `{command}`",
         "",
-        "| method | tau | tokens/s | speedup vs ar | exact match |",
-        "| --- | --- | --- | --- | --- |",
+        "| method | tau | tokens/s | speedup vs ar | exact match | draft prefill tokens |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for name, m in results["methods"].items():
         tau = "-" if m["tau"] is None else f"{m['tau']:.2f}"
+        draft = m.get("draft_prefill_tokens")
+        prefill = "-" if draft is None else f"{draft:.0f} of {m['target_prefill_tokens']:.0f}"
         lines.append(
-            f"| {name} | {tau} | {m['tokens_per_s']:.1f} | {m['speedup']:.2f}x | {exact_match_cell(results, name)} |"
+            f"| {name} | {tau} | {m['tokens_per_s']:.1f} | {m['speedup']:.2f}x | {exact_match_cell(results, name)} "
+            f"| {prefill} |"
         )
     lines += [
         "",
@@ -247,9 +291,37 @@ def markdown_report(results: dict[str, Any], command: str) -> str:
             lines.append(
                 f"| {name} | " + " | ".join(f"{100 * m['phase_seconds'][p] / total:.1f}%" for p in PHASES) + " |"
             )
+    lines += cost_model_lines(results.get("cost_model_steps", {}))
     lags = ", ".join(f"{v:.2f}" for v in results["entropy_autocorrelation"])
     lines += ["", f"Autocorrelation of the target's top-10 entropy at lags 1-10: {lags}.", ""]
     return "\n".join(lines)
+
+
+def cost_model_lines(steps_by_method: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """How well the cost-aware policy predicted its steps: tokens emitted and drafting + verification seconds."""
+    rows = []
+    for name, steps in steps_by_method.items():
+        if not steps:
+            continue
+        predicted = np.array([[s["predicted_tokens"], s["predicted_seconds"]] for s in steps])
+        observed = np.array([[s["accepted"] + 1, s["seconds"]] for s in steps])
+        error = np.abs(predicted - observed).mean(axis=0)
+        rows.append(
+            f"| {name} | {len(steps)} | {predicted[:, 0].mean():.2f} / {observed[:, 0].mean():.2f} | {error[0]:.2f} "
+            f"| {1000 * predicted[:, 1].mean():.1f} / {1000 * observed[:, 1].mean():.1f} | {1000 * error[1]:.1f} |"
+        )
+    if not rows:
+        return []
+    return [
+        "",
+        "Cost model, predicted before each step against what happened (steps after warm-up; seconds are drafting + "
+        "verification):",
+        "",
+        "| method | steps | tokens per step, predicted / observed | mean abs error | ms per step, predicted / "
+        "observed | mean abs error (ms) |",
+        "| --- | --- | --- | --- | --- | --- |",
+        *rows,
+    ]
 
 
 def write_report(results: dict[str, Any], out: Path, command: str) -> None:

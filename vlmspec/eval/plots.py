@@ -1,4 +1,5 @@
-"""The benchmark's figures: speedup by method, tau distribution, entropy autocorrelation, SAGE's tree shapes."""
+"""The benchmark's figures: speedup by method, tau distribution, entropy autocorrelation, SAGE's tree shapes, and
+the cost model's predictions against what happened."""
 
 from __future__ import annotations
 
@@ -54,3 +55,34 @@ def plot_all(results: dict[str, Any], out: Path) -> None:
             ax.plot(x, [s["accepted"] for s in steps], label="accepted", linestyle=":")
             ax.set_xlabel("step")
             ax.legend()
+
+    for name, cost_steps in results.get("cost_model_steps", {}).items():
+        if cost_steps:
+            plot_cost_model(name, cost_steps, out / f"cost_model_{name}.png")
+
+
+def plot_cost_model(name: str, steps: list[dict[str, Any]], path: Path) -> None:
+    """Predicted against observed tokens per step and milliseconds per step, one point per step."""
+    fig, axes = plt.subplots(1, 2, figsize=(9, 4))
+    try:
+        panels = (
+            ("tokens per step", [s["predicted_tokens"] for s in steps], [s["accepted"] + 1 for s in steps]),
+            (
+                "drafting + verification ms per step",
+                [1000 * s["predicted_seconds"] for s in steps],
+                [1000 * s["seconds"] for s in steps],
+            ),
+        )
+        for ax, (label, predicted, observed) in zip(axes, panels, strict=True):
+            ax.scatter(predicted, observed, s=8, alpha=0.5)
+            top = max(max(predicted), max(observed)) * 1.05
+            ax.plot([0, top], [0, top], color="grey", linewidth=0.8)
+            ax.set_xlim(0, top)
+            ax.set_ylim(0, top)
+            ax.set_xlabel(f"predicted {label}")
+            ax.set_ylabel(f"observed {label}")
+        fig.suptitle(f"{name}: cost model, predicted before each step vs observed")
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+    finally:
+        plt.close(fig)

@@ -82,8 +82,9 @@ class Item:
         return np.stack([np.asarray(f) for f in self.frames])
 
 
-def make_item(seed: int, kind: str | None = None) -> Item:
-    """The item for `seed`; `kind` ("image" or "video") defaults to the seed's parity."""
+def make_item(seed: int, kind: str | None = None, num_frames: int = VIDEO_FRAMES, size: int = IMAGE_SIZE) -> Item:
+    """The item for `seed`; `kind` ("image" or "video") defaults to the seed's parity. A video has `num_frames`
+    frames; pictures are `size` pixels square (the scene and its caption do not depend on either)."""
     rng = random.Random(seed)
     kind = kind or ("video" if seed % 2 else "image")
     background = rng.choice(list(BACKGROUNDS))
@@ -98,24 +99,24 @@ def make_item(seed: int, kind: str | None = None) -> Item:
             if rng.random() < 0.3:
                 shape.new_colour = rng.choice([c for c in COLOURS if c != colour])
         shapes.append(shape)
-    frames = render(background, shapes, VIDEO_FRAMES if kind == "video" else 1)
+    frames = render(background, shapes, num_frames if kind == "video" else 1, size)
     return Item(seed, kind, background, shapes, caption(rng, kind, background, shapes), frames)
 
 
-def render(background: str, shapes: list[Shape], num_frames: int) -> list[Image.Image]:
+def render(background: str, shapes: list[Shape], num_frames: int, size: int = IMAGE_SIZE) -> list[Image.Image]:
     """Draw the scene; in a video each shape drifts along its motion and may change colour halfway."""
     frames = []
-    cell = IMAGE_SIZE / 3
+    cell = size / 3
     for t in range(num_frames):
         progress = t / max(1, num_frames - 1)
-        image = Image.new("RGB", (IMAGE_SIZE, IMAGE_SIZE), BACKGROUNDS[background])
+        image = Image.new("RGB", (size, size), BACKGROUNDS[background])
         draw = ImageDraw.Draw(image)
         for s in shapes:
             cx, cy = CELLS[s.cell]
             dx, dy = MOTIONS[s.motion]
             x = (cx + 0.5) * cell + dx * progress * cell * 0.8
             y = (cy + 0.5) * cell + dy * progress * cell * 0.8
-            r = SIZES[s.size] * IMAGE_SIZE / 2
+            r = SIZES[s.size] * size / 2
             colour = COLOURS[s.new_colour if s.new_colour and t >= num_frames // 2 else s.colour]
             box = (x - r, y - r, x + r, y + r)
             if s.shape == "circle":

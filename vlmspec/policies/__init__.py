@@ -2,39 +2,49 @@
 
 from __future__ import annotations
 
-from .base import RankTreePlan, TreePlan, TreePolicy
+from .base import RankTreePlan, StepOutcome, TreePlan, TreePolicy
 from .chain import ChainPolicy
 from .sage import AdaptiveTreePlan, SageConfig, SagePolicy
+from .sage_gt import CostAwareTreePlan, SageGtConfig, SageGtPolicy
 from .static import SPECVLM_TREE, StaticTreePolicy
 
-POLICY_NAMES = ("chain", "static-tree", "sage")
+POLICY_NAMES = ("chain", "static-tree", "sage", "sage-gt")
 
 
-def resolve_policy(policy: str | SageConfig | TreePolicy) -> TreePolicy:
-    """A policy object from a name (`chain`, `static-tree`, `sage`), a `SageConfig`, or a policy object."""
+def resolve_policy(policy: str | SageConfig | SageGtConfig | TreePolicy) -> TreePolicy:
+    """A policy object from a name (`chain`, `static-tree`, `sage`, `sage-gt`), a config, or a policy object."""
     if isinstance(policy, TreePolicy):
         return policy
     if isinstance(policy, SageConfig):
         return SagePolicy(policy)
+    if isinstance(policy, SageGtConfig):
+        return SageGtPolicy(policy)
     if policy == "chain":
         return ChainPolicy()
     if policy == "static-tree":
         return StaticTreePolicy()
     if policy == "sage":
         return SagePolicy()
+    if policy == "sage-gt":
+        return SageGtPolicy()
     raise ValueError(
-        f"unknown policy {policy!r}; choose one of {', '.join(POLICY_NAMES)}, a SageConfig or a TreePolicy"
+        f"unknown policy {policy!r}; choose one of {', '.join(POLICY_NAMES)}, a SageConfig, a SageGtConfig or a "
+        "TreePolicy"
     )
 
 
 __all__ = [
     "AdaptiveTreePlan",
     "ChainPolicy",
+    "CostAwareTreePlan",
     "POLICY_NAMES",
     "RankTreePlan",
     "SPECVLM_TREE",
     "SageConfig",
+    "SageGtConfig",
+    "SageGtPolicy",
     "SagePolicy",
+    "StepOutcome",
     "StaticTreePolicy",
     "TreePlan",
     "TreePolicy",

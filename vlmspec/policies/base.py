@@ -9,8 +9,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from ..engine.tree import DraftTree
 
 
 class TreePlan(ABC):
@@ -35,6 +40,10 @@ class TreePlan(ABC):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The selected children as (frontier row, rank) index pairs, ordered by row then rank."""
         return self.select(level, parent_log_probs, child_log_probs, budget).nonzero(as_tuple=True)
+
+    def grows(self, level: int) -> bool:
+        """Whether to run the draft over level `level`'s nodes to propose level `level + 1` (below `depth`)."""
+        return True
 
     @property
     def width(self) -> float:
@@ -95,6 +104,28 @@ class RankTreePlan(TreePlan):
         return self._device_children[device][level - 1]
 
 
+@dataclass
+class StepOutcome:
+    """One finished draft-verify step, as a policy sees it.
+
+    `tree` is the drafted tree (on the draft's device, with its cumulative draft path log-probabilities) and `path`
+    the accepted node indices from the root on. Contexts are the cache lengths the tree was drafted and verified
+    over; seconds are wall time (the whole step's, and its two model phases).
+    """
+
+    root_log_probs: torch.Tensor
+    accepted: int
+    tree: DraftTree
+    path: torch.Tensor
+    draft_forwards: int
+    draft_tokens: int
+    draft_context: int
+    target_context: int
+    draft_seconds: float
+    verify_seconds: float
+    seconds: float
+
+
 class TreePolicy(ABC):
     """Plans each step's tree and observes the outcome; `confidence` is the alpha it planned with, if any."""
 
@@ -107,12 +138,15 @@ class TreePolicy(ABC):
     def plan(self) -> TreePlan:
         """The tree for the next step."""
 
-    def observe(self, root_log_probs: torch.Tensor, accepted: int) -> None:
-        """Learn from a finished step: the draft's log-probabilities at the root and the accepted length.
-
-        The log-probabilities are under the generation config's processing (-inf where its warpers cut a token).
-        """
+    def observe(self, step: StepOutcome) -> None:
+        """Learn from a finished step (the draft's log-probabilities are under the generation config's processing,
+        -inf where its warpers cut a token)."""
 
     @property
     def confidence(self) -> float | None:
+        return None
+
+    @property
+    def prediction(self) -> tuple[float, float] | None:
+        """The last step's predicted (tokens emitted, drafting + verification seconds), for policies that predict."""
         return None

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .base import RankTreePlan, TreePlan, TreePolicy
+from .base import RankTreePlan, StepOutcome, TreePlan, TreePolicy
 from .static import SPECVLM_TREE
 
 
@@ -143,10 +143,10 @@ class SagePolicy(TreePolicy):
             self.depth_for(self.alpha), self.width_for(self.alpha), c.max_nodes, c.top_k, c.threshold_scale
         )
 
-    def observe(self, root_log_probs: torch.Tensor, accepted: int) -> None:
+    def observe(self, step: StepOutcome) -> None:
         self._steps += 1
-        self.alpha = confidence(root_log_probs, self.config.top_k)
-        self.record_acceptance(accepted)
+        self.alpha = confidence(step.root_log_probs, self.config.top_k)
+        self.record_acceptance(step.accepted)
 
     def record_acceptance(self, accepted: int) -> None:
         """Add one acceptance length; a full window with mean outside [low, high] moves D_max by one."""

@@ -1,0 +1,148 @@
+"""The cost-aware policy: its cost model, its acceptance calibration, its plans, and what it keeps across calls."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from policy_steps import chain_step
+
+from vlmspec.policies import CostAwareTreePlan, SageGtConfig, SageGtPolicy
+from vlmspec.policies.calibration import AcceptanceCalibration
+from vlmspec.policies.cost_model import CostModel, StepCost, WindowedLeastSquares
+
+
+def _step(nodes: int, context: int, forwards: int, verify: float, draft: float) -> StepCost:
+    return StepCost(nodes + 1, context, forwards, nodes + 1, context, verify, draft)
+
+
+def test_cost_model_recovers_verification_and_drafting_costs_from_steps():
+    rng = np.random.default_rng(0)
+    model = CostModel(window=200)
+    for _ in range(200):
+        nodes, context, forwards = int(rng.integers(1, 64)), int(rng.integers(100, 3000)), int(rng.integers(1, 12))
+        verify = 0.015 + 0.0003 * (nodes + 1) + 0.0002 * (nodes + 1) * context / 1000
+        draft = 0.002 * forwards + 0.00005 * (nodes + 1)
+        model.add(_step(nodes, context, forwards, verify * rng.normal(1, 0.01), draft * rng.normal(1, 0.01)))
+    assert model.predict(_step(30, 2000, 6, 0.0, 0.0)) == pytest.approx(
+        0.015 + 0.0093 + 0.0124 + 0.012 + 0.00155, rel=0.03
+    )
+    assert model.node_seconds(2000, 2000) == pytest.approx(0.0003 + 0.0004 + 0.00005, rel=0.1)
+    fixed, per_node = model.forward_seconds(2000)
+    assert fixed == pytest.approx(0.002, rel=0.05)
+    assert per_node == pytest.approx(0.00005, rel=0.3)
+
+
+def test_least_squares_follows_the_last_window_only():
+    fit = WindowedLeastSquares(2, window=20, ridge=1e-6)
+    for n in range(40):
+        fit.add([1.0, n % 7], 1.0 + 2.0 * (n % 7))
+    for n in range(20):
+        fit.add([1.0, n % 7], 5.0 + 0.5 * (n % 7))
+    assert fit.weights == pytest.approx([5.0, 0.5], rel=1e-3)
+
+
+def test_costs_never_come_out_negative():
+    model = CostModel()
+    for nodes in range(10):
+        model.add(_step(nodes, 100, 3, 0.02 - 0.001 * nodes, 0.01 - 0.0005 * nodes))
+    assert model.node_seconds(100, 100) == 0.0
+    assert model.forward_seconds(100)[1] == 0.0
+
+
+def test_calibration_starts_calibrated_and_learns_an_underconfident_draft():
+    calibration = AcceptanceCalibration(bins=10, prior=4.0, memory=1000)
+    assert float(calibration.rate(torch.tensor(0.55))) == pytest.approx(0.55)
+    assert float(calibration.rate(torch.tensor(0.0))) == 0.0
+    for _ in range(50):
+        step = chain_step(torch.zeros(5), accepted=3, probs=[0.55, 0.55, 0.55])
+        calibration.observe(step.tree.parents, step.tree.log_probs, step.path)
+    assert float(calibration.rate(torch.tensor(0.55))) > 0.95
+    assert calibration.continuation > 0.7
+
+
+def test_calibration_counts_only_children_whose_parent_was_accepted():
+    calibration = AcceptanceCalibration(bins=10, prior=1.0, memory=1e9)
+    step = chain_step(torch.zeros(5), accepted=1, probs=[0.95, 0.95, 0.95])
+    calibration.observe(step.tree.parents, step.tree.log_probs, step.path)
+    assert calibration.tested.sum() == pytest.approx(10 + 2)
+    assert calibration.accepted[-1] == pytest.approx(0.95 + 1)
+
+
+def test_expected_accepted_length_multiplies_rates_along_each_path():
+    calibration = AcceptanceCalibration(bins=10)
+    step = chain_step(torch.zeros(5), accepted=0, probs=[0.55, 0.35])
+    expected = calibration.expected_accepted(step.tree.parents, step.tree.log_probs, step.tree.ancestors)
+    assert expected == pytest.approx(0.55 + 0.55 * 0.35)
+
+
+def _plan(node_floor: float, forward_floor: tuple[float, float] = (0.0, 0.0)) -> CostAwareTreePlan:
+    return CostAwareTreePlan(
+        width=3.0,
+        max_depth=16,
+        max_nodes=64,
+        top_k=4,
+        calibration=AcceptanceCalibration(bins=20),
+        node_floor=node_floor,
+        forward_floor=forward_floor,
+    )
+
+
+def test_a_plan_keeps_the_children_worth_their_cost_within_sages_widths():
+    plan = _plan(node_floor=0.2)
+    probs = torch.tensor([[0.6, 0.3, 0.05, 0.05]])
+    rows, ranks = plan.children(1, torch.zeros(1), probs.log(), budget=64)
+    assert ranks.tolist() == [0, 1]
+    probs = torch.tensor([[0.5, 0.45, 0.03, 0.02], [0.9, 0.1, 0.0, 0.0]])
+    rows, ranks = plan.children(2, torch.tensor([0.6, 0.3]).log(), probs.log(), budget=64)
+    assert list(zip(rows.tolist(), ranks.tolist(), strict=True)) == [(0, 0), (0, 1), (1, 0)]
+
+
+def test_a_plan_always_keeps_the_drafts_first_guess():
+    rows, ranks = _plan(node_floor=0.9).children(1, torch.zeros(1), torch.tensor([[0.4, 0.3, 0.2, 0.1]]).log(), 64)
+    assert (rows.tolist(), ranks.tolist()) == ([0], [0])
+
+
+def test_a_plan_drafts_another_level_only_when_it_pays_for_the_forward():
+    probs = torch.tensor([[0.9, 0.05, 0.03, 0.02]]).log()
+    cheap = _plan(node_floor=0.1, forward_floor=(0.3, 0.01))
+    cheap.children(1, torch.zeros(1), probs, 64)
+    assert cheap.grows(1)
+    dear = _plan(node_floor=0.1, forward_floor=(0.5, 0.01))
+    dear.children(1, torch.zeros(1), probs, 64)
+    assert not dear.grows(1)
+
+
+def test_the_policy_plans_with_sage_until_its_cost_model_is_warm():
+    policy = SageGtPolicy(SageGtConfig(warmup_steps=3))
+    one_hot = torch.full((20,), -1e9)
+    one_hot[0] = 0.0
+    for _ in range(3):
+        assert not isinstance(policy.plan(), CostAwareTreePlan)
+        policy.observe(chain_step(one_hot, accepted=2))
+        assert policy.prediction is None
+    assert isinstance(policy.plan(), CostAwareTreePlan)
+    policy.observe(chain_step(one_hot, accepted=2))
+    tokens, seconds = policy.prediction
+    assert tokens > 1.0
+    assert seconds == pytest.approx(0.03, rel=1e-3)
+
+
+def test_what_the_policy_learned_outlives_a_call():
+    policy = SageGtPolicy(SageGtConfig(warmup_steps=2))
+    for _ in range(3):
+        policy.plan()
+        policy.observe(chain_step(torch.zeros(20), accepted=2))
+    policy.reset()
+    assert not isinstance(policy.plan(), CostAwareTreePlan)
+    policy.observe(chain_step(torch.zeros(20), accepted=2))
+    assert isinstance(policy.plan(), CostAwareTreePlan)
+    assert policy.cost.observations == 4
+    assert policy.rate == pytest.approx(3 / 0.03)
+
+
+def test_configuration_errors_name_the_setting():
+    with pytest.raises(ValueError, match="warmup_steps cannot exceed cost_window"):
+        SageGtConfig(warmup_steps=10, cost_window=5)
+    with pytest.raises(ValueError, match="max_depth"):
+        SageGtConfig(max_depth=0)

@@ -1,0 +1,196 @@
+"""SAGE x GT: SAGE's entropy-shaped trees, sized by measured cost to maximise accepted tokens per second.
+
+SAGE's confidence alpha sets the width and its per-level width decay, as in `sage`. Depth and node count are no
+longer fixed numbers: a node enters the tree only while its expected acceptance (the draft's path probabilities,
+calibrated online against what the target accepted) is worth its measured cost at the rate the policy achieves,
+and the draft grows another level only while that level's expected acceptance pays for the draft forward. This is
+the GT principle with the achieved rate lambda (tokens per second) as the price of time: maximising
+`tokens - lambda * seconds` per step with lambda the best rate so far is how a ratio is maximised (Dinkelbach).
+Costs come from a `CostModel` fitted to this run's own steps; nothing is tuned to a device.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from .base import StepOutcome, TreePlan, TreePolicy
+from .calibration import AcceptanceCalibration
+from .cost_model import CostModel, StepCost
+from .sage import AdaptiveTreePlan, SageConfig, SagePolicy
+
+
+@dataclass
+class SageGtConfig:
+    """Every number of the `sage-gt` policy.
+
+    `sage` shapes the trees (top-k, widths, the first tree of each call) and plans them alone until the cost model
+    has `warmup_steps` observations. `max_depth` and `max_nodes` only bound the buffers: the cost decides the
+    size. Costs are fitted over the last `cost_window` steps, the achieved rate over the last `rate_window`;
+    `calibration_*` set the acceptance calibration's bins, prior weight and memory (in trees).
+    """
+
+    sage: SageConfig = field(default_factory=SageConfig)
+    max_depth: int = 16
+    max_nodes: int = 64
+    warmup_steps: int = 4
+    cost_window: int = 64
+    cost_ridge: float = 1e-3
+    rate_window: int = 32
+    calibration_bins: int = 20
+    calibration_prior: float = 4.0
+    calibration_memory: float = 200.0
+
+    def __post_init__(self):
+        if self.max_depth < 1 or self.max_nodes < 1:
+            raise ValueError(f"max_depth and max_nodes must be positive, got {self.max_depth}, {self.max_nodes}")
+        if min(self.warmup_steps, self.cost_window, self.rate_window, self.calibration_bins) < 1:
+            raise ValueError("warmup_steps, cost_window, rate_window and calibration_bins must be positive")
+        if self.warmup_steps > self.cost_window:
+            raise ValueError("warmup_steps cannot exceed cost_window")
+
+
+class CostAwareTreePlan(AdaptiveTreePlan):
+    """SAGE's candidate children at each level, kept while worth their cost; levels grow while they pay.
+
+    A candidate's value is its calibrated path acceptance. It is kept when that exceeds `node_floor` (tokens the
+    node's time could have produced at the achieved rate); the best first-level child is always kept, so the
+    draft keeps being tested. A level is drafted below the current one when the current level's value times the
+    chance that a path goes on exceeds `forward_floor[0] + forward_floor[1] * nodes`, the tokens a draft forward
+    over them costs.
+    """
+
+    def __init__(
+        self,
+        width: float,
+        max_depth: int,
+        max_nodes: int,
+        top_k: int,
+        calibration: AcceptanceCalibration,
+        node_floor: float,
+        forward_floor: tuple[float, float],
+    ):
+        super().__init__(max_depth, width, max_nodes, top_k, threshold_scale=0.0)
+        self.calibration = calibration
+        self.node_floor = node_floor
+        self.forward_floor = forward_floor
+        self.continuation = calibration.continuation
+        self._table: torch.Tensor | None = None
+        self._ranks: torch.Tensor | None = None
+        self._values: torch.Tensor | None = None
+
+    def select(
+        self, level: int, parent_log_probs: torch.Tensor, child_log_probs: torch.Tensor, budget: int
+    ) -> torch.Tensor:
+        k = child_log_probs.shape[1]
+        if level == 1:
+            self._table = self.calibration.table(child_log_probs.device)
+            self._ranks = torch.arange(k, device=child_log_probs.device)
+        values = self.calibration.rate(child_log_probs.exp(), self._table)
+        if level > 1:
+            values *= self._values[:, None]
+        keep = self._ranks < self.level_width(level, parent_log_probs)[:, None]
+        keep &= values > self.node_floor
+        if level == 1:
+            keep[0, 0] = True
+        if int(keep.sum()) > budget:
+            scores = values.masked_fill(~keep, -1.0).flatten()
+            keep = torch.zeros_like(keep).flatten()
+            keep[scores.topk(budget).indices] = True
+            keep = keep.view(-1, k)
+        self._candidate_values = values
+        return keep
+
+    def children(
+        self, level: int, parent_log_probs: torch.Tensor, child_log_probs: torch.Tensor, budget: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        rows, ranks = self.select(level, parent_log_probs, child_log_probs, budget).nonzero(as_tuple=True)
+        self._values = self._candidate_values[rows, ranks]
+        return rows, ranks
+
+    def grows(self, level: int) -> bool:
+        fixed, per_node = self.forward_floor
+        gain = float(self._values.sum()) * self.continuation
+        return gain > fixed + per_node * self._values.shape[0]
+
+
+class SageGtPolicy(TreePolicy):
+    """SAGE's trees sized by measured cost; what it learns (costs, calibration, rate) outlives each call."""
+
+    name = "sage-gt"
+
+    def __init__(self, config: SageGtConfig | None = None):
+        self.config = config or SageGtConfig()
+        c = self.config
+        self.sage = SagePolicy(c.sage)
+        self.cost = CostModel(c.cost_window, c.cost_ridge)
+        self.calibration = AcceptanceCalibration(c.calibration_bins, c.calibration_prior, c.calibration_memory)
+        self._rates: deque[tuple[int, float]] = deque(maxlen=c.rate_window)
+        self._contexts = (0, 0)
+        self._prediction: tuple[float, float] | None = None
+        self._first_step = True
+
+    def reset(self) -> None:
+        self.sage.reset()
+        self._first_step = True
+
+    @property
+    def confidence(self) -> float | None:
+        return self.sage.confidence
+
+    @property
+    def prediction(self) -> tuple[float, float] | None:
+        return self._prediction
+
+    @property
+    def rate(self) -> float | None:
+        """Tokens per second over the recent steps (None before the first)."""
+        seconds = sum(s for _, s in self._rates)
+        return sum(t for t, _ in self._rates) / seconds if seconds > 0 else None
+
+    @property
+    def ready(self) -> bool:
+        """Whether the cost model has seen enough steps to size trees."""
+        return self.cost.observations >= self.config.warmup_steps and self.rate is not None
+
+    def plan(self) -> TreePlan:
+        sage_plan = self.sage.plan()
+        if self._first_step or not self.ready:
+            return sage_plan
+        c = self.config
+        rate = self.rate
+        target_context, draft_context = self._contexts
+        fixed, per_node = self.cost.forward_seconds(draft_context)
+        return CostAwareTreePlan(
+            self.sage.width_for(self.sage.alpha),
+            c.max_depth,
+            c.max_nodes,
+            c.sage.top_k,
+            self.calibration,
+            node_floor=rate * self.cost.node_seconds(target_context, draft_context),
+            forward_floor=(rate * fixed, rate * per_node),
+        )
+
+    def observe(self, step: StepOutcome) -> None:
+        tree = step.tree
+        measured = StepCost(
+            tree_tokens=tree.size,
+            target_context=step.target_context,
+            draft_forwards=step.draft_forwards,
+            draft_tokens=step.draft_tokens,
+            draft_context=step.draft_context,
+            verify_seconds=step.verify_seconds,
+            draft_seconds=step.draft_seconds,
+        )
+        self._prediction = None
+        if self.ready:
+            expected = self.calibration.expected_accepted(tree.parents, tree.log_probs, tree.ancestors)
+            self._prediction = (1.0 + expected, self.cost.predict(measured))
+        self.cost.add(measured)
+        self.calibration.observe(tree.parents, tree.log_probs, step.path)
+        self._rates.append((step.accepted + 1, step.seconds))
+        self._contexts = (step.target_context + step.accepted + 1, step.draft_context + step.accepted + 1)
+        self._first_step = False
+        self.sage.observe(step)
