@@ -74,6 +74,7 @@ class TreeBuilder:
         self.ranks = torch.zeros(self.capacity, dtype=torch.long, device=device)
         self.ancestors = torch.zeros(self.capacity, self.capacity, dtype=torch.bool, device=device)
         self.size = 0
+        self.levels = 0
 
     def start(self, root_token: torch.Tensor) -> None:
         """Reset to a single root node holding `root_token`."""
@@ -84,18 +85,21 @@ class TreeBuilder:
         self.log_probs[0] = 0.0
         self.ancestors[0, 0] = True
         self.size = 1
+        self.levels = 0
 
     def add_level(
         self, parents: torch.Tensor, tokens: torch.Tensor, log_probs: torch.Tensor, ranks: torch.Tensor
     ) -> slice:
-        """Append one level: children of `parents` with draft rank `ranks`; returns the new nodes' slice."""
+        """Append the next level: children of `parents` (nodes of the last level) with draft rank `ranks`; returns
+        the new nodes' slice."""
         m = parents.shape[0]
         if self.size + m > self.capacity:
             raise ValueError(f"tree capacity {self.capacity - 1} exceeded")
         new = slice(self.size, self.size + m)
+        self.levels += 1
         self.tokens[new] = tokens
         self.parents[new] = parents
-        self.depths[new] = self.depths[parents] + 1
+        self.depths[new] = self.levels
         self.log_probs[new] = log_probs
         self.ranks[new] = ranks
         self.ancestors[new] = self.ancestors[parents]

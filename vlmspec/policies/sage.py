@@ -95,7 +95,7 @@ class AdaptiveTreePlan(TreePlan):
         cumulative = parent_log_probs[:, None] + child_log_probs
         keep = ranks[None, :] < self.level_width(level, parent_log_probs)[:, None]
         keep &= cumulative > math.log(self.threshold(level))
-        if int(keep.sum()) > budget:
+        if keep.numel() > budget and int(keep.sum()) > budget:
             scores = cumulative.masked_fill(~keep, float("-inf")).flatten()
             keep = torch.zeros_like(keep).flatten()
             keep[scores.topk(budget).indices] = True

@@ -91,11 +91,10 @@ class CostAwareTreePlan(AdaptiveTreePlan):
         values = self.calibration.rate(child_log_probs.exp(), self._table)
         if level > 1:
             values *= self._values[:, None]
-        keep = self._ranks < self.level_width(level, parent_log_probs)[:, None]
-        keep &= values > self.node_floor
+        keep = (values > self.node_floor).logical_and_(self._ranks < self.level_width(level, parent_log_probs)[:, None])
         if level == 1:
             keep[0, 0] = True
-        if int(keep.sum()) > budget:
+        if keep.numel() > budget and int(keep.sum()) > budget:
             scores = values.masked_fill(~keep, -1.0).flatten()
             keep = torch.zeros_like(keep).flatten()
             keep[scores.topk(budget).indices] = True
@@ -127,7 +126,8 @@ class SageGtPolicy(TreePolicy):
         self.sage = SagePolicy(c.sage)
         self.cost = CostModel(c.cost_window, c.cost_ridge)
         self.calibration = AcceptanceCalibration(c.calibration_bins, c.calibration_prior, c.calibration_memory)
-        self._rates: deque[tuple[int, float]] = deque(maxlen=c.rate_window)
+        self._rates: deque[tuple[int, float]] = deque()
+        self._rate_sums = [0, 0.0]
         self._contexts = (0, 0)
         self._prediction: tuple[float, float] | None = None
         self._first_step = True
@@ -147,8 +147,8 @@ class SageGtPolicy(TreePolicy):
     @property
     def rate(self) -> float | None:
         """Tokens per second over the recent steps (None before the first)."""
-        seconds = sum(s for _, s in self._rates)
-        return sum(t for t, _ in self._rates) / seconds if seconds > 0 else None
+        tokens, seconds = self._rate_sums
+        return tokens / seconds if seconds > 0 else None
 
     @property
     def ready(self) -> bool:
@@ -190,7 +190,17 @@ class SageGtPolicy(TreePolicy):
             self._prediction = (1.0 + expected, self.cost.predict(measured))
         self.cost.add(measured)
         self.calibration.observe(tree.parents, tree.log_probs, step.path)
-        self._rates.append((step.accepted + 1, step.seconds))
+        self._record_rate(step.accepted + 1, step.seconds)
         self._contexts = (step.target_context + step.accepted + 1, step.draft_context + step.accepted + 1)
         self._first_step = False
         self.sage.observe(step)
+
+    def _record_rate(self, tokens: int, seconds: float) -> None:
+        """Add a step to the rate window, dropping the oldest beyond `rate_window`."""
+        self._rates.append((tokens, seconds))
+        self._rate_sums[0] += tokens
+        self._rate_sums[1] += seconds
+        if len(self._rates) > self.config.rate_window:
+            old_tokens, old_seconds = self._rates.popleft()
+            self._rate_sums[0] -= old_tokens
+            self._rate_sums[1] -= old_seconds
