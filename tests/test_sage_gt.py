@@ -76,7 +76,9 @@ def test_expected_accepted_length_multiplies_rates_along_each_path():
     assert expected == pytest.approx(0.55 + 0.55 * 0.35)
 
 
-def _plan(node_floor: float, forward_floor: tuple[float, float] = (0.0, 0.0)) -> CostAwareTreePlan:
+def _plan(
+    node_floor: float, forward_floor: tuple[float, float] = (0.0, 0.0), explore: bool = False
+) -> CostAwareTreePlan:
     return CostAwareTreePlan(
         width=3.0,
         max_depth=16,
@@ -85,6 +87,7 @@ def _plan(node_floor: float, forward_floor: tuple[float, float] = (0.0, 0.0)) ->
         calibration=AcceptanceCalibration(bins=20),
         node_floor=node_floor,
         forward_floor=forward_floor,
+        explore=explore,
     )
 
 
@@ -98,9 +101,22 @@ def test_a_plan_keeps_the_children_worth_their_cost_within_sages_widths():
     assert list(zip(rows.tolist(), ranks.tolist(), strict=True)) == [(0, 0), (0, 1), (1, 0)]
 
 
-def test_a_plan_always_keeps_the_drafts_first_guess():
-    rows, ranks = _plan(node_floor=0.9).children(1, torch.zeros(1), torch.tensor([[0.4, 0.3, 0.2, 0.1]]).log(), 64)
+def test_a_plan_keeps_only_the_root_when_no_child_is_worth_its_cost():
+    probs = torch.tensor([[0.4, 0.3, 0.2, 0.1]]).log()
+    rows, _ = _plan(node_floor=0.9).children(1, torch.zeros(1), probs, 64)
+    assert rows.numel() == 0
+    rows, ranks = _plan(node_floor=0.9, explore=True).children(1, torch.zeros(1), probs, 64)
     assert (rows.tolist(), ranks.tolist()) == ([0], [0])
+
+
+def test_the_policy_explores_the_drafts_first_guess_every_few_steps():
+    policy = SageGtPolicy(SageGtConfig(warmup_steps=1, explore_every=3))
+    explored = []
+    for _ in range(8):
+        plan = policy.plan()
+        explored.append(plan.explore if isinstance(plan, CostAwareTreePlan) else None)
+        policy.observe(chain_step(torch.zeros(20), accepted=1))
+    assert explored == [None, False, False, True, False, False, True, False]
 
 
 def test_a_plan_drafts_another_level_only_when_it_pays_for_the_forward():

@@ -28,7 +28,9 @@ class SageGtConfig:
 
     `sage` shapes the trees (top-k, widths, the first tree of each call) and plans them alone until the cost model
     has `warmup_steps` observations. `max_depth` and `max_nodes` only bound the buffers: the cost decides the
-    size. Costs are fitted over the last `cost_window` steps, the achieved rate over the last `rate_window`;
+    size, down to the root alone (plain decoding) when no child is worth its cost; every `explore_every`-th step
+    then still proposes the draft's first guess, so the calibration sees whether the draft has become worth it.
+    Costs are fitted over the last `cost_window` steps, the achieved rate over the last `rate_window`;
     `calibration_*` set the acceptance calibration's bins, prior weight and memory (in trees).
     """
 
@@ -36,6 +38,7 @@ class SageGtConfig:
     max_depth: int = 16
     max_nodes: int = 64
     warmup_steps: int = 4
+    explore_every: int = 8
     cost_window: int = 64
     cost_ridge: float = 1e-3
     rate_window: int = 32
@@ -46,8 +49,10 @@ class SageGtConfig:
     def __post_init__(self):
         if self.max_depth < 1 or self.max_nodes < 1:
             raise ValueError(f"max_depth and max_nodes must be positive, got {self.max_depth}, {self.max_nodes}")
-        if min(self.warmup_steps, self.cost_window, self.rate_window, self.calibration_bins) < 1:
-            raise ValueError("warmup_steps, cost_window, rate_window and calibration_bins must be positive")
+        if min(self.warmup_steps, self.explore_every, self.cost_window, self.rate_window, self.calibration_bins) < 1:
+            raise ValueError(
+                "warmup_steps, explore_every, cost_window, rate_window and calibration_bins must be positive"
+            )
         if self.warmup_steps > self.cost_window:
             raise ValueError("warmup_steps cannot exceed cost_window")
 
@@ -56,8 +61,8 @@ class CostAwareTreePlan(AdaptiveTreePlan):
     """SAGE's candidate children at each level, kept while worth their cost; levels grow while they pay.
 
     A candidate's value is its calibrated path acceptance. It is kept when that exceeds `node_floor` (tokens the
-    node's time could have produced at the achieved rate); the best first-level child is always kept, so the
-    draft keeps being tested. A level is drafted below the current one when the current level's value times the
+    node's time could have produced at the achieved rate); with `explore`, the best first-level child is kept
+    whatever its value. A level is drafted below the current one when the current level's value times the
     chance that a path goes on exceeds `forward_floor[0] + forward_floor[1] * nodes`, the tokens a draft forward
     over them costs.
     """
@@ -71,11 +76,13 @@ class CostAwareTreePlan(AdaptiveTreePlan):
         calibration: AcceptanceCalibration,
         node_floor: float,
         forward_floor: tuple[float, float],
+        explore: bool = False,
     ):
         super().__init__(max_depth, width, max_nodes, top_k, threshold_scale=0.0)
         self.calibration = calibration
         self.node_floor = node_floor
         self.forward_floor = forward_floor
+        self.explore = explore
         self.continuation = calibration.continuation
         self._table: torch.Tensor | None = None
         self._ranks: torch.Tensor | None = None
@@ -92,7 +99,7 @@ class CostAwareTreePlan(AdaptiveTreePlan):
         if level > 1:
             values *= self._values[:, None]
         keep = (values > self.node_floor).logical_and_(self._ranks < self.level_width(level, parent_log_probs)[:, None])
-        if level == 1:
+        if level == 1 and self.explore:
             keep[0, 0] = True
         if keep.numel() > budget and int(keep.sum()) > budget:
             scores = values.masked_fill(~keep, -1.0).flatten()
@@ -131,6 +138,7 @@ class SageGtPolicy(TreePolicy):
         self._contexts = (0, 0)
         self._prediction: tuple[float, float] | None = None
         self._first_step = True
+        self._steps = 0
 
     def reset(self) -> None:
         self.sage.reset()
@@ -171,6 +179,7 @@ class SageGtPolicy(TreePolicy):
             self.calibration,
             node_floor=rate * self.cost.node_seconds(target_context, draft_context),
             forward_floor=(rate * fixed, rate * per_node),
+            explore=self._steps % c.explore_every == 0,
         )
 
     def observe(self, step: StepOutcome) -> None:
@@ -193,6 +202,7 @@ class SageGtPolicy(TreePolicy):
         self._record_rate(step.accepted + 1, step.seconds)
         self._contexts = (step.target_context + step.accepted + 1, step.draft_context + step.accepted + 1)
         self._first_step = False
+        self._steps += 1
         self.sage.observe(step)
 
     def _record_rate(self, tokens: int, seconds: float) -> None:
