@@ -61,7 +61,8 @@ class Drafter:
         (top-k, top-p, ...) get -inf but keep their processed order behind the survivors, so a plan that asks for
         more children than survive still gets the draft's next best guesses.
         """
-        logits = logits[..., : self.vocab_limit]
+        if logits.shape[-1] > self.vocab_limit:
+            logits = logits[..., : self.vocab_limit]
         if processing is None:
             log_probs = torch.log_softmax(logits.float(), dim=-1)
             return log_probs, log_probs
@@ -121,7 +122,7 @@ class Drafter:
             logits = runner.forward(builder.tokens[new], builder.depths[new], bias, root_index)
             forwards, fed_tokens = forwards + 1, fed_tokens + new.stop - new.start
             child_log_probs, child_order = self._log_probs(
-                logits, processing, sequence, builder.ancestors[new, : builder.size]
+                logits, processing, sequence, None if processing is None else builder.ancestors[new, : builder.size]
             )
             cached_nodes = new.stop - 1
         return Drafted(builder.build(), root_log_probs, cached_nodes, builder.greedy_depth(), forwards, fed_tokens)

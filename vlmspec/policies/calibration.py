@@ -8,7 +8,8 @@ the sum over its nodes of the product of c(q) along their paths. Counts decay, s
 
 from __future__ import annotations
 
-import numpy as np
+import math
+
 import torch
 
 
@@ -16,70 +17,78 @@ class AcceptanceCalibration:
     """Acceptance rate per bin of the draft's conditional probability, and the chance that a path goes on.
 
     Each bin starts from `prior` pseudo-observations at its own centre (a calibrated draft); every verified tree
-    multiplies the old counts by `1 - 1 / memory` first, so the last `memory` or so trees dominate.
+    multiplies the old counts by `1 - 1 / memory` first, so the last `memory` or so trees dominate. A tree has a
+    few dozen nodes, so it is walked on the host in plain Python, which is faster at this size than array calls.
     """
 
     def __init__(self, bins: int = 20, prior: float = 4.0, memory: float = 200.0):
         self.bins = bins
         self.decay = 1.0 - 1.0 / memory
-        centres = (np.arange(bins) + 0.5) / bins
-        self.accepted = prior * centres
-        self.tested = np.full(bins, prior)
+        self.accepted = [prior * (i + 0.5) / bins for i in range(bins)]
+        self.tested = [prior] * bins
         self.continued = prior * 0.5
         self.expanded = prior
-        self._tables: dict[torch.device, tuple[int, torch.Tensor]] = {}
+        self._tables: dict[torch.device, tuple[int, tuple[torch.Tensor, torch.Tensor]]] = {}
         self._version = 0
 
     @property
-    def rates(self) -> np.ndarray:
-        """c(q) at each bin: bin i holds q in (i / bins, (i + 1) / bins]."""
-        return self.accepted / self.tested
+    def rates(self) -> list[float]:
+        """c(q) at each bin: bin i holds q in (i / bins, (i + 1) / bins], bin 0 also q = 0."""
+        return [a / t for a, t in zip(self.accepted, self.tested, strict=True)]
 
     @property
     def continuation(self) -> float:
         """P(one of a node's children is accepted | the node was accepted and had children)."""
         return self.continued / self.expanded
 
-    def table(self, device: torch.device) -> torch.Tensor:
-        """c(q) as a lookup table on `device`: entry 0 for q = 0, entry i for q in ((i - 1) / bins, i / bins]."""
-        version, table = self._tables.get(device, (-1, None))
+    def table(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """c(q) as a lookup table on `device` (entry 0 for q = 0, entry i for q in ((i - 1) / bins, i / bins]) and
+        the entries' upper edges in log-probability, for `torch.bucketize`."""
+        version, tables = self._tables.get(device, (-1, None))
         if version != self._version:
-            table = torch.tensor(np.concatenate([[0.0], self.rates]), dtype=torch.float32, device=device)
-            self._tables[device] = (self._version, table)
-        return table
+            values = torch.tensor([0.0, *self.rates], dtype=torch.float32, device=device)
+            edges = torch.tensor([-math.inf, *(math.log((i + 1) / self.bins) for i in range(self.bins))], device=device)
+            tables = (values, edges)
+            self._tables[device] = (self._version, tables)
+        return tables
 
-    def rate(self, probs: torch.Tensor, table: torch.Tensor | None = None) -> torch.Tensor:
-        """c(q) for draft probabilities `probs` (any shape, any device); 0 where the draft gives 0."""
-        table = self.table(probs.device) if table is None else table
-        return table[(probs * self.bins).ceil_().long()]
+    def rate(self, log_probs: torch.Tensor, table: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """c(q) for the draft's log-probabilities (any shape, any device); 0 where the draft gives 0."""
+        values, edges = self.table(log_probs.device) if table is None else table
+        return values[torch.bucketize(log_probs, edges)]
+
+    def _entry(self, prob: float) -> int:
+        """The lookup-table entry of a draft probability (0 for q = 0, bin + 1 otherwise)."""
+        return min(self.bins, math.ceil(prob * self.bins))
 
     def observe(self, parents: torch.Tensor, log_probs: torch.Tensor, path: torch.Tensor) -> None:
         """Learn from one verified tree: its `parents` and cumulative `log_probs` per node, and the accepted `path`
-        (node indices from the root on). A few dozen numbers: counted on the host, where small arrays are cheap."""
-        parents, log_probs, path = parents.cpu().numpy(), log_probs.cpu().double().numpy(), path.cpu().numpy()
-        size = parents.shape[0]
-        on_path = np.zeros(size, dtype=bool)
-        on_path[path] = True
-        child_parents = parents[1:]
-        tested = on_path[child_parents]
-        probs = np.exp(log_probs[1:] - log_probs[child_parents])[tested]
-        index = np.clip(np.ceil(probs * self.bins).astype(np.int64) - 1, 0, self.bins - 1)
-        self.accepted *= self.decay
-        self.tested *= self.decay
-        self.accepted += np.bincount(index, weights=on_path[1:][tested], minlength=self.bins)
-        self.tested += np.bincount(index, minlength=self.bins)
-        has_children = np.zeros(size, dtype=bool)
-        has_children[child_parents] = True
-        self.continued = self.decay * self.continued + (path.shape[0] - 1)
-        self.expanded = self.decay * self.expanded + (path.shape[0] - 1) + int(has_children[path[-1]])
+        (node indices from the root on)."""
+        parents, log_probs, path = parents.tolist(), log_probs.tolist(), path.tolist()
+        decay = self.decay
+        self.accepted = [a * decay for a in self.accepted]
+        self.tested = [t * decay for t in self.tested]
+        on_path = set(path)
+        last_has_children = False
+        for node in range(1, len(parents)):
+            parent = parents[node]
+            last_has_children |= parent == path[-1]
+            if parent in on_path:
+                index = max(1, self._entry(math.exp(log_probs[node] - log_probs[parent]))) - 1
+                self.tested[index] += 1.0
+                if node in on_path:
+                    self.accepted[index] += 1.0
+        self.continued = decay * self.continued + (len(path) - 1)
+        self.expanded = decay * self.expanded + (len(path) - 1) + int(last_has_children)
         self._version += 1
 
-    def expected_accepted(self, parents: torch.Tensor, log_probs: torch.Tensor, ancestors: torch.Tensor) -> float:
-        """Expected accepted draft tokens of a tree: over its nodes, the product of c(q) along each path."""
-        if parents.shape[0] < 2:
-            return 0.0
-        parents, log_probs = parents.cpu().numpy(), log_probs.cpu().double().numpy()
-        probs = np.exp(log_probs[1:] - log_probs[parents[1:]])
-        index = np.clip(np.ceil(probs * self.bins).astype(np.int64), 0, self.bins)
-        log_rates = np.log(np.maximum(np.concatenate([[0.0], self.rates])[index], 1e-30))
-        return float(np.exp(ancestors[1:, 1:].cpu().numpy() @ log_rates).sum())
+    def expected_accepted(self, parents: torch.Tensor, log_probs: torch.Tensor) -> float:
+        """Expected accepted draft tokens of a tree (nodes in level order): over its nodes, the product of c(q) along
+        each path."""
+        parents, log_probs = parents.tolist(), log_probs.tolist()
+        table = [0.0, *self.rates]
+        values = [1.0] * len(parents)
+        for node in range(1, len(parents)):
+            parent = parents[node]
+            values[node] = values[parent] * table[self._entry(math.exp(log_probs[node] - log_probs[parent]))]
+        return sum(values) - 1.0

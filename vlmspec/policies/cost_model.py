@@ -9,12 +9,29 @@ drafting `e f + g t + h t L'` seconds for f draft forwards feeding t tokens over
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
-
-import numpy as np
 
 # Contexts enter the features in thousands of tokens, so every column has a comparable scale.
 _CONTEXT_UNIT = 1000.0
+
+
+def solve(matrix: list[list[float]], rhs: list[float]) -> list[float]:
+    """x with matrix x = rhs, by Gaussian elimination with partial pivoting (systems of 3-4 unknowns, solved every
+    step: plain Python is several times faster than an array library's call overhead at this size)."""
+    n = len(rhs)
+    rows = [[*row, b] for row, b in zip(matrix, rhs, strict=True)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(rows[r][col]))
+        rows[col], rows[pivot] = rows[pivot], rows[col]
+        for r in range(col + 1, n):
+            factor = rows[r][col] / rows[col][col]
+            for c in range(col, n + 1):
+                rows[r][c] -= factor * rows[col][c]
+    x = [0.0] * n
+    for r in range(n - 1, -1, -1):
+        x[r] = (rows[r][n] - sum(rows[r][c] * x[c] for c in range(r + 1, n))) / rows[r][r]
+    return x
 
 
 class WindowedLeastSquares:
@@ -27,40 +44,45 @@ class WindowedLeastSquares:
     def __init__(self, features: int, window: int, ridge: float):
         self.features = features
         self.ridge = ridge
-        self._rows: deque[tuple[np.ndarray, float]] = deque()
+        self._rows: deque[tuple[tuple[float, ...], float]] = deque()
         self._window = window
-        self._gram = np.zeros((features, features))
-        self._moment = np.zeros(features)
-        self._weights = np.zeros(features)
+        self._gram = [[0.0] * features for _ in range(features)]
+        self._moment = [0.0] * features
+        self._weights = [0.0] * features
         self._stale = False
 
     def __len__(self) -> int:
         return len(self._rows)
 
-    def add(self, x: np.ndarray, y: float) -> None:
+    def _accumulate(self, x: Sequence[float], y: float, sign: float) -> None:
+        for i, xi in enumerate(x):
+            row = self._gram[i]
+            for j, xj in enumerate(x):
+                row[j] += sign * xi * xj
+            self._moment[i] += sign * xi * y
+
+    def add(self, x: Sequence[float], y: float) -> None:
         """Record one observation (dropping the oldest beyond the window)."""
-        x = np.asarray(x, dtype=np.float64)
+        x = tuple(float(v) for v in x)
         self._rows.append((x, float(y)))
-        self._gram += np.outer(x, x)
-        self._moment += x * y
+        self._accumulate(x, y, 1.0)
         if len(self._rows) > self._window:
-            old_x, old_y = self._rows.popleft()
-            self._gram -= np.outer(old_x, old_x)
-            self._moment -= old_x * old_y
+            self._accumulate(*self._rows.popleft(), -1.0)
         self._stale = True
 
     @property
-    def weights(self) -> np.ndarray:
+    def weights(self) -> list[float]:
+        """The fit; the ridge on column-scaled features is `ridge * diag(X^T X)` on the raw ones (unused columns: 0)."""
         if self._stale:
-            scale = np.sqrt(np.clip(np.diag(self._gram), 0.0, None) / len(self._rows))
-            scale[scale == 0] = 1.0
-            gram = self._gram / np.outer(scale, scale) + self.ridge * len(self._rows) * np.eye(self.features)
-            self._weights = np.linalg.solve(gram, self._moment / scale) / scale
+            gram = [list(row) for row in self._gram]
+            for i in range(self.features):
+                gram[i][i] += self.ridge * gram[i][i] if gram[i][i] > 0 else 1.0
+            self._weights = solve(gram, self._moment)
             self._stale = False
         return self._weights
 
-    def predict(self, x: np.ndarray) -> float:
-        return float(np.asarray(x, dtype=np.float64) @ self.weights)
+    def predict(self, x: Sequence[float]) -> float:
+        return sum(w * v for w, v in zip(self.weights, x, strict=True))
 
 
 @dataclass
@@ -88,13 +110,13 @@ class CostModel:
         return len(self.verify)
 
     @staticmethod
-    def verify_features(tree_tokens: float, context: float) -> np.ndarray:
+    def verify_features(tree_tokens: float, context: float) -> tuple[float, ...]:
         context = context / _CONTEXT_UNIT
-        return np.array([1.0, tree_tokens, tree_tokens * context, context])
+        return (1.0, tree_tokens, tree_tokens * context, context)
 
     @staticmethod
-    def draft_features(forwards: float, tokens: float, context: float) -> np.ndarray:
-        return np.array([forwards, tokens, tokens * context / _CONTEXT_UNIT])
+    def draft_features(forwards: float, tokens: float, context: float) -> tuple[float, ...]:
+        return (forwards, tokens, tokens * context / _CONTEXT_UNIT)
 
     def add(self, step: StepCost) -> None:
         self.verify.add(self.verify_features(step.tree_tokens, step.target_context), step.verify_seconds)

@@ -72,6 +72,7 @@ class AdaptiveTreePlan(TreePlan):
         self.max_nodes = max_nodes
         self.top_k = top_k
         self.threshold_scale = threshold_scale
+        self._ranks: torch.Tensor | None = None
 
     @property
     def width(self) -> float:
@@ -83,6 +84,12 @@ class AdaptiveTreePlan(TreePlan):
             return torch.full_like(parent_log_probs, self._width)
         return self._width / level * (0.5 + parent_log_probs.exp())
 
+    def rank_row(self, k: int, device: torch.device) -> torch.Tensor:
+        """Ranks 0..k-1 as floats (compared with real-valued widths), made once per plan."""
+        if self._ranks is None or self._ranks.shape[0] != k or self._ranks.device != device:
+            self._ranks = torch.arange(k, dtype=torch.float32, device=device)
+        return self._ranks
+
     def threshold(self, level: int) -> float:
         """theta_l = c * l / D: deeper nodes need a more probable path."""
         return self.threshold_scale * level / self.depth
@@ -91,9 +98,8 @@ class AdaptiveTreePlan(TreePlan):
         self, level: int, parent_log_probs: torch.Tensor, child_log_probs: torch.Tensor, budget: int
     ) -> torch.Tensor:
         k = child_log_probs.shape[1]
-        ranks = torch.arange(k, device=child_log_probs.device)
         cumulative = parent_log_probs[:, None] + child_log_probs
-        keep = ranks[None, :] < self.level_width(level, parent_log_probs)[:, None]
+        keep = self.rank_row(k, child_log_probs.device) < self.level_width(level, parent_log_probs)[:, None]
         keep &= cumulative > math.log(self.threshold(level))
         if keep.numel() > budget and int(keep.sum()) > budget:
             scores = cumulative.masked_fill(~keep, float("-inf")).flatten()

@@ -84,8 +84,7 @@ class CostAwareTreePlan(AdaptiveTreePlan):
         self.forward_floor = forward_floor
         self.explore = explore
         self.continuation = calibration.continuation
-        self._table: torch.Tensor | None = None
-        self._ranks: torch.Tensor | None = None
+        self._table: tuple[torch.Tensor, torch.Tensor] | None = None
         self._values: torch.Tensor | None = None
 
     def select(
@@ -94,11 +93,11 @@ class CostAwareTreePlan(AdaptiveTreePlan):
         k = child_log_probs.shape[1]
         if level == 1:
             self._table = self.calibration.table(child_log_probs.device)
-            self._ranks = torch.arange(k, device=child_log_probs.device)
-        values = self.calibration.rate(child_log_probs.exp(), self._table)
+        values = self.calibration.rate(child_log_probs, self._table)
         if level > 1:
             values *= self._values[:, None]
-        keep = (values > self.node_floor).logical_and_(self._ranks < self.level_width(level, parent_log_probs)[:, None])
+        widths = self.level_width(level, parent_log_probs)[:, None]
+        keep = (values > self.node_floor).logical_and_(self.rank_row(k, child_log_probs.device) < widths)
         if level == 1 and self.explore:
             keep[0, 0] = True
         if keep.numel() > budget and int(keep.sum()) > budget:
@@ -195,7 +194,7 @@ class SageGtPolicy(TreePolicy):
         )
         self._prediction = None
         if self.ready:
-            expected = self.calibration.expected_accepted(tree.parents, tree.log_probs, tree.ancestors)
+            expected = self.calibration.expected_accepted(tree.parents, tree.log_probs)
             self._prediction = (1.0 + expected, self.cost.predict(measured))
         self.cost.add(measured)
         self.calibration.observe(tree.parents, tree.log_probs, step.path)
