@@ -85,6 +85,7 @@ class CostAwareTreePlan(AdaptiveTreePlan):
         self.explore = explore
         self.continuation = calibration.continuation
         self._table: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._candidate_values: torch.Tensor | None = None
         self._values: torch.Tensor | None = None
 
     def select(
