@@ -20,6 +20,7 @@ from vlmspec import SpeculativeVLM
 from vlmspec.api import load_pair
 from vlmspec.captioning import CaptioningStopped, CaptionSettings, discover_inputs, read_records, run_captioning
 from vlmspec.cli import EXIT_CONFIGURATION, main
+from vlmspec.output_lock import OutputLock
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 NAMES = ["a.png", "c_broken.mp4", "b.mp4", "d.jpg", "extra.webp"]
@@ -189,12 +190,64 @@ def test_a_run_killed_midway_and_resumed_records_every_input_once(pair, tmp_path
     process.wait()
     written = len(read_records(out))
     assert 2 <= written < 12
+    assert OutputLock(out).path.exists()  # the killed run's lock file stays; its lock went with the process
     with open(out, "a") as f:
         f.write('{"path": "torn')
     caption(capsys, pair, [str(folder)], out, "--resume")
     paths = [r["path"] for r in read_records(out)]
     assert sorted(paths) == sorted(str(p) for p in folder.iterdir())
     assert len(paths) == len(set(paths)) == 12
+
+
+def test_sources_with_no_media_are_a_configuration_error_naming_where_and_what_was_searched(pair, tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "notes.md").write_text("not media")
+    (tmp_path / "list.txt").write_text("# nothing listed\n")
+    out = tmp_path / "captions.jsonl"
+    code, _, err = caption(capsys, pair, [str(tmp_path / "empty"), str(tmp_path / "list.txt")], out)
+    assert code == EXIT_CONFIGURATION
+    assert "NoInputsError" in err and str(tmp_path / "empty") in err and "list.txt" in err and ".mp4" in err
+    assert not out.exists()
+
+
+def test_an_output_lock_has_one_holder_at_a_time(tmp_path):
+    first, second = OutputLock(tmp_path / "c.jsonl"), OutputLock(tmp_path / "c.jsonl")
+    assert first.acquire()
+    assert not second.acquire()
+    assert second.holder() == str(os.getpid())
+    first.release()
+    assert second.acquire()
+    second.release()
+
+
+def test_a_second_run_on_the_same_output_fails_at_once_and_the_first_finishes(pair, tmp_path):
+    folder = tmp_path / "many"
+    folder.mkdir()
+    for i in range(40):
+        write_image(folder / f"img{i:02d}.png", seed=i, size=(32, 32))
+    out = tmp_path / "captions.jsonl"
+    slow = caption_args(pair, [str(folder)], out, "--min-new-tokens", "120", max_new_tokens=120)
+    first = subprocess.Popen(
+        CLI + slow,
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.time() + 120
+    while time.time() < deadline and not read_records(out):
+        time.sleep(0.05)
+    assert first.poll() is None, "the first run ended before the second could start beside it"
+    for extra in ([], ["--resume"]):
+        second = subprocess.run(
+            CLI + caption_args(pair, [str(folder)], out, *extra), env=ENV, capture_output=True, text=True, timeout=120
+        )
+        assert second.returncode == EXIT_CONFIGURATION
+        assert f"{out} is being written by another caption run (pid {first.pid})" in second.stderr
+        assert first.poll() is None, "the first run ended while the second was starting: give it more inputs"
+    assert first.wait(timeout=300) == 0
+    paths = [r["path"] for r in read_records(out)]
+    assert sorted(paths) == sorted(str(p) for p in folder.iterdir())
+    assert len(paths) == len(set(paths)) == 40
 
 
 def test_two_processes_under_accelerate_shard_and_merge(pair, collection, tmp_path):
@@ -205,3 +258,18 @@ def test_two_processes_under_accelerate_shard_and_merge(pair, collection, tmp_pa
     assert result.stdout.count("done:") == 2
     assert [Path(r["path"]).name for r in read_records(out)] == NAMES
     assert not list(tmp_path.glob("captions.jsonl.part*"))
+
+
+def test_a_locked_output_stops_every_process_of_a_sharded_run(pair, collection, tmp_path):
+    out = tmp_path / "captions.jsonl"
+    lock = OutputLock(out)
+    assert lock.acquire()
+    try:
+        command = SHARDED + caption_args(pair, collection, out, max_new_tokens=8)
+        env = {**ENV, "ACCELERATE_USE_CPU": "1"}
+        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    finally:
+        lock.release()
+    assert result.returncode != 0
+    assert result.stderr.count("is being written by another caption run") == 2
+    assert not out.exists() and not list(tmp_path.glob("captions.jsonl.part*"))

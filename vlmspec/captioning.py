@@ -8,8 +8,10 @@ one by one, so an interrupted run leaves a valid file (a torn last line from a h
 `resume` skips inputs already recorded; `retry_errors` first removes the error records (an atomic rewrite of each
 file) so that those inputs are captioned again. Under `accelerate launch` the inputs are split over the processes,
 each writing its own shard, and the first process merges the shards into the output (no duplicates, input order)
-with an atomic replace. Every process checks for an existing output before any writes, so a refused run stops on
-all of them.
+with an atomic replace. One run writes an output at a time: the first process holds an exclusive lock beside it
+(`<output>.lock`, `OutputLock`) for the whole run, and a second run on the same output stops at once with
+`OutputInUseError` on all its processes. Every process checks for an existing output before any writes, so a
+refused run stops on all of them.
 """
 
 from __future__ import annotations
@@ -33,12 +35,15 @@ from .errors import (
     EmptyPromptError,
     MediaNotFoundError,
     NoFramesError,
+    NoInputsError,
     NotAnImageError,
+    OutputInUseError,
     PlaceholderMismatchError,
     UnreadableVideoError,
     UnsupportedMediaError,
     VLMSpecError,
 )
+from .output_lock import OutputLock
 from .processors import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, chat_messages, load_image, load_video, media_kind
 from .speculative import SpeculativeVLM
 
@@ -341,14 +346,47 @@ def run_captioning(
     retry_errors: bool = False,
 ) -> Summary:
     """Discover inputs, skip recorded ones on `resume` (but those recorded as errors with `retry_errors`), caption the
-    rest (sharded under accelerate) and merge. A configuration or model error raises `CaptioningStopped`."""
+    rest (sharded under accelerate) and merge. A configuration or model error raises `CaptioningStopped`; another
+    run holding `out`'s lock raises `OutputInUseError`."""
     from accelerate import PartialState
-    from accelerate.utils import parse_flag_from_env
+    from accelerate.utils import broadcast_object_list, parse_flag_from_env
 
     if retry_errors and not resume:
         raise ValueError("retry_errors continues an existing output: it needs resume=True")
     state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))  # as `Accelerator` reads it: CPU processes
+    lock = OutputLock(out)
+    locked = [lock.acquire() if state.is_main_process else True]
+    if state.num_processes > 1:
+        broadcast_object_list(locked, from_process=0)
+    try:
+        if not locked[0]:
+            holder = lock.holder()
+            raise OutputInUseError(
+                f"{out} is being written by another caption run{f' (pid {holder})' if holder else ''}: wait for "
+                f"it to finish, then --resume, or choose another --out"
+            )
+        return _run_locked(spec_factory, state, sources, out, settings, resume, progress, retry_errors)
+    finally:
+        lock.release()
+
+
+def _run_locked(
+    spec_factory: Callable[[Any], SpeculativeVLM],
+    state: Any,
+    sources: list[str],
+    out: Path,
+    settings: CaptionSettings,
+    resume: bool,
+    progress: bool,
+    retry_errors: bool,
+) -> Summary:
+    """`run_captioning` once the output's lock is held."""
     paths = discover_inputs(sources)
+    if not paths:
+        raise NoInputsError(
+            f"no inputs found in {', '.join(map(str, sources))}: folders are searched recursively for "
+            f"{', '.join(sorted(_MEDIA))}, and .txt files are read as lists of paths"
+        )
     if not resume and (out.exists() or shard_paths(out)):
         raise FileExistsError(f"{out} already exists: pass --resume to continue it, or choose another --out")
     retried = 0

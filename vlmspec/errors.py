@@ -19,6 +19,14 @@ class BatchSizeError(VLMSpecError, ValueError):
     """The inputs hold more than one sequence; speculative decoding here runs one sequence at a time."""
 
 
+class NoInputsError(VLMSpecError, ValueError):
+    """A batch job whose sources name no image or video (empty folders, an empty list file)."""
+
+
+class OutputInUseError(VLMSpecError, FileExistsError):
+    """Another run is writing the same output file (it holds the lock beside it)."""
+
+
 class MediaNotFoundError(VLMSpecError, FileNotFoundError):
     """An image or video path does not exist."""
 
