@@ -19,7 +19,7 @@ from media_files import write_image, write_video
 from vlmspec import SpeculativeVLM
 from vlmspec.api import load_pair
 from vlmspec.captioning import CaptioningStopped, CaptionSettings, discover_inputs, read_records, run_captioning
-from vlmspec.cli import EXIT_CONFIGURATION, main
+from vlmspec.cli import EXIT_CONFIGURATION, EXIT_ERROR, main
 from vlmspec.output_lock import OutputLock
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -91,7 +91,7 @@ def test_one_record_per_input_with_an_error_record_for_the_corrupt_file(pair, co
     out = tmp_path / "captions.jsonl"
     code, printed, _ = caption(capsys, pair, collection, out)
     records = read_records(out)
-    assert code == 0 and [Path(r["path"]).name for r in records] == NAMES
+    assert code == EXIT_ERROR and [Path(r["path"]).name for r in records] == NAMES
     broken = records[1]
     assert broken["error_type"] == "UnreadableVideoError" and "c_broken.mp4" in broken["error"]
     for record in records[:1] + records[2:]:
@@ -124,6 +124,14 @@ def test_a_model_error_stops_the_job_keeping_the_records_and_a_resume_retries_th
     summary = run_captioning(lambda state: spec, collection, out, SETTINGS, resume=True, progress=False)
     assert [Path(r["path"]).name for r in read_records(out)] == NAMES
     assert (summary.captioned, summary.errors, summary.skipped) == (3, 0, 2)
+
+
+def test_a_run_with_no_failed_input_exits_0(pair, tmp_path, capsys):
+    folder = tmp_path / "clean"
+    folder.mkdir()
+    write_image(folder / "a.png", seed=0)
+    code, printed, _ = caption(capsys, pair, [str(folder)], tmp_path / "captions.jsonl")
+    assert code == 0 and "1 captioned, 0 errors" in printed
 
 
 def test_resume_after_a_finished_run_does_nothing(pair, collection, tmp_path, capsys):
@@ -251,10 +259,13 @@ def test_a_second_run_on_the_same_output_fails_at_once_and_the_first_finishes(pa
 
 
 def test_two_processes_under_accelerate_shard_and_merge(pair, collection, tmp_path):
+    """Both processes exit 1 (the corrupt video is an error of the run, whichever shard recorded it), after the
+    merge."""
     out = tmp_path / "captions.jsonl"
     command = SHARDED + caption_args(pair, collection, out, max_new_tokens=8)
     env = {**ENV, "ACCELERATE_USE_CPU": "1"}
-    result = subprocess.run(command, env=env, capture_output=True, text=True, check=True, timeout=300)
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == EXIT_ERROR, result.stderr
     assert result.stdout.count("done:") == 2
     assert [Path(r["path"]).name for r in read_records(out)] == NAMES
     assert not list(tmp_path.glob("captions.jsonl.part*"))

@@ -161,6 +161,12 @@ class Summary:
     taus: list[float] = field(default_factory=list)
     interrupted: bool = False
     stopped: bool = False
+    #: Error records written by every process of the run (a sharded run's processes each report their own share).
+    errors_in_run: int | None = None
+
+    @property
+    def any_errors(self) -> bool:
+        return bool(self.errors if self.errors_in_run is None else self.errors_in_run)
 
     def line(self) -> str:
         rate = self.new_tokens / self.seconds if self.seconds else 0.0
@@ -380,7 +386,10 @@ def _run_locked(
     progress: bool,
     retry_errors: bool,
 ) -> Summary:
-    """`run_captioning` once the output's lock is held."""
+    """`run_captioning` once the output's lock is held. No process returns before the shards are merged, so a launcher
+    that stops the others when one exits can never cut a merge short."""
+    from accelerate.utils import gather_object
+
     paths = discover_inputs(sources)
     if not paths:
         raise NoInputsError(
@@ -407,8 +416,10 @@ def _run_locked(
                 shard = out.with_name(f"{out.name}.part{state.process_index}")
                 summary = caption_paths(spec, list(mine), shard, settings, progress and state.is_main_process)
             state.wait_for_everyone()
+            summary.errors_in_run = sum(gather_object([summary.errors]))
         if state.is_main_process:
             merge_shards(out, paths)
+        state.wait_for_everyone()
     except CaptioningStopped as stop:
         stop.summary.skipped, stop.summary.retried = len(paths) - len(todo), retried
         raise

@@ -1,7 +1,9 @@
 """The `vlmspec` command: `demo`, `generate`, `caption`, `bench`.
 
-Exit codes: 0 done; 1 an error of the model or an input (`generate`), or a caption job stopped by the model;
-2 a configuration error (the command line, the generation settings, the model pair); 130 interrupted.
+Exit codes: 0 done (`caption`: every input captioned); 1 an error of the model or an input (`generate`), a caption
+job stopped by the model, or a caption job that recorded errors for some inputs; 2 a configuration or set-up error
+(the command line, the generation settings, the model pair, no inputs, an output another run is writing); 130
+interrupted.
 """
 
 from __future__ import annotations
@@ -117,6 +119,8 @@ def _caption(args: argparse.Namespace) -> None:
     print(summary.line())
     if summary.interrupted:
         raise SystemExit(EXIT_INTERRUPTED)
+    if summary.any_errors:
+        raise SystemExit(EXIT_ERROR)
 
 
 def _bench(args: argparse.Namespace) -> None:
