@@ -101,12 +101,17 @@ class AdaptiveTreePlan(TreePlan):
         cumulative = parent_log_probs[:, None] + child_log_probs
         keep = self.rank_row(k, child_log_probs.device) < self.level_width(level, parent_log_probs)[:, None]
         keep &= cumulative > math.log(self.threshold(level))
-        if keep.numel() > budget and int(keep.sum()) > budget:
-            scores = cumulative.masked_fill(~keep, float("-inf")).flatten()
-            keep = torch.zeros_like(keep).flatten()
-            keep[scores.topk(budget).indices] = True
-            keep = keep.view(-1, k)
-        return keep
+        return self.within_budget(keep, cumulative, budget)
+
+    @staticmethod
+    def within_budget(keep: torch.Tensor, scores: torch.Tensor, budget: int) -> torch.Tensor:
+        """`keep` cut to its `budget` best-scoring entries when it holds more (checked only when it could)."""
+        if keep.numel() <= budget or int(keep.sum()) <= budget:
+            return keep
+        best = scores.masked_fill(~keep, float("-inf")).flatten().topk(budget).indices
+        cut = torch.zeros_like(keep).flatten()
+        cut[best] = True
+        return cut.view_as(keep)
 
 
 class SagePolicy(TreePolicy):

@@ -101,13 +101,8 @@ class CostAwareTreePlan(AdaptiveTreePlan):
         keep = (values > self.node_floor).logical_and_(self.rank_row(k, child_log_probs.device) < widths)
         if level == 1 and self.explore:
             keep[0, 0] = True
-        if keep.numel() > budget and int(keep.sum()) > budget:
-            scores = values.masked_fill(~keep, -1.0).flatten()
-            keep = torch.zeros_like(keep).flatten()
-            keep[scores.topk(budget).indices] = True
-            keep = keep.view(-1, k)
         self._candidate_values = values
-        return keep
+        return self.within_budget(keep, values, budget)
 
     def children(
         self, level: int, parent_log_probs: torch.Tensor, child_log_probs: torch.Tensor, budget: int
