@@ -38,3 +38,45 @@ def write_empty_video(path: Path) -> Path:
     container.start_encoding()
     container.close()
     return path
+
+
+def write_audio_only(path: Path, seconds: float = 0.5) -> Path:
+    """An mp4 holding one AAC audio stream of silence and no video stream."""
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("aac", rate=16000)
+        samples = 1024
+        for k in range(int(seconds * 16000) // samples):
+            frame = av.AudioFrame.from_ndarray(np.zeros((1, samples), np.float32), format="fltp", layout="mono")
+            frame.sample_rate, frame.pts = 16000, k * samples
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return path
+
+
+def write_zero_time_scale_video(path: Path, num_frames: int = 20) -> Path:
+    """An mp4 whose media header states a time scale of 0 ticks a second, so it has no frame rate."""
+    write_video(path, num_frames=num_frames)
+    data = bytearray(path.read_bytes())
+    header = data.find(b"mdhd")
+    data[header + 16 : header + 20] = (0).to_bytes(4, "big")  # version, flags, creation and modification times first
+    path.write_bytes(bytes(data))
+    return path
+
+
+def write_animated_gif(path: Path, levels: tuple[int, ...] = (40, 120, 200), size: tuple[int, int] = (40, 50)) -> Path:
+    """A GIF of flat grey frames, one per level, the first of level `levels[0]`."""
+    frames = [Image.fromarray(np.full((*size, 3), level, np.uint8)) for level in levels]
+    frames[0].save(path, save_all=True, append_images=frames[1:], duration=100, loop=0)
+    return path
+
+
+def write_rotated_jpeg(path: Path, size: tuple[int, int] = (40, 60), seed: int = 0) -> Path:
+    """A JPEG stored sideways with EXIF orientation 6 (rotate 90 degrees clockwise to view), as phones write them."""
+    rng = np.random.default_rng(seed)
+    image = Image.fromarray(rng.integers(0, 256, (*size, 3), dtype=np.uint8))
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    image.save(path, exif=exif)
+    return path

@@ -108,7 +108,8 @@ def test_a_file_the_processor_rejects_is_recorded_and_the_run_carries_on(pair, t
     out = tmp_path / "captions.jsonl"
     run_captioning(lambda state: load_pair(*pair), [str(folder)], out, SETTINGS, progress=False)
     thin, fine = read_records(out)
-    assert thin["error_type"] == "ValueError" and "aspect ratio" in thin["error"]
+    assert thin["error_type"] == "MediaRejectedError" and "aspect ratio" in thin["error"]
+    assert thin["path"] in thin["error"]
     assert Path(fine["path"]).name == "b.png" and fine["new_tokens"] > 0
 
 
@@ -229,33 +230,37 @@ def test_an_output_lock_has_one_holder_at_a_time(tmp_path):
 
 
 def test_a_second_run_on_the_same_output_fails_at_once_and_the_first_finishes(pair, tmp_path):
+    """The first run's first input is a pipe: it holds the run (and the lock) until the test writes an image into
+    it, so the second run starts while the first is surely under way."""
     folder = tmp_path / "many"
     folder.mkdir()
-    for i in range(40):
+    for i in range(20):
         write_image(folder / f"img{i:02d}.png", seed=i, size=(32, 32))
+    pipe = tmp_path / "arriving.png"
+    os.mkfifo(pipe)
     out = tmp_path / "captions.jsonl"
-    slow = caption_args(pair, [str(folder)], out, "--min-new-tokens", "120", max_new_tokens=120)
     first = subprocess.Popen(
-        CLI + slow,
+        CLI + caption_args(pair, [str(pipe), str(folder)], out),
         env=ENV,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
     deadline = time.time() + 120
-    while time.time() < deadline and not read_records(out):
+    while time.time() < deadline and OutputLock(out).holder() != str(first.pid):
         time.sleep(0.05)
-    assert first.poll() is None, "the first run ended before the second could start beside it"
+    assert first.poll() is None and OutputLock(out).holder() == str(first.pid)
     for extra in ([], ["--resume"]):
         second = subprocess.run(
             CLI + caption_args(pair, [str(folder)], out, *extra), env=ENV, capture_output=True, text=True, timeout=120
         )
         assert second.returncode == EXIT_CONFIGURATION
         assert f"{out} is being written by another caption run (pid {first.pid})" in second.stderr
-        assert first.poll() is None, "the first run ended while the second was starting: give it more inputs"
+    assert first.poll() is None and read_records(out) == []
+    pipe.write_bytes(write_image(tmp_path / "image.png", seed=99).read_bytes())
     assert first.wait(timeout=300) == 0
     paths = [r["path"] for r in read_records(out)]
-    assert sorted(paths) == sorted(str(p) for p in folder.iterdir())
-    assert len(paths) == len(set(paths)) == 40
+    assert sorted(paths) == sorted([str(pipe), *(str(p) for p in folder.iterdir())])
+    assert len(paths) == len(set(paths)) == 21
 
 
 def test_two_processes_under_accelerate_shard_and_merge(pair, collection, tmp_path):

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
 
 from .demo_models import demo_pair
 from .engine.stats import SpecStats
-from .errors import ContextTooLongError
-from .processors import chat_messages, load_images, load_videos
+from .processors import load_images, load_videos
+from .processors.checks import check_context, check_count, check_frame_request, check_prompts
 from .speculative import SpeculativeVLM
 
 _PAIRS: dict[tuple, SpeculativeVLM] = {}
@@ -70,7 +71,13 @@ def generate(
     list of prompts, the media are shared by all of them, or given per prompt as a list of the same length; the
     result is then a list. Videos are sampled with `num_frames`, or `fps` capped by `max_frames`, between `start`
     and `end` seconds. Other keyword arguments go to `SpeculativeVLM.generate` (e.g. `min_new_tokens`, `temperature`).
+
+    Arguments are checked before any model loads; bad ones and bad media raise the `VLMSpecError` of their kind,
+    naming the argument or file.
     """
+    prompts = check_prompts(prompt)
+    check_count("max_new_tokens", max_new_tokens, optional=False)
+    check_frame_request(num_frames, fps, max_frames, start, end)
     spec = load_pair(
         model,
         draft,
@@ -80,15 +87,18 @@ def generate(
         draft_quantization=draft_quantization,
     )
     runner = spec.with_options(policy, pruning, prune_ratio)
-    prompts = [prompt] if isinstance(prompt, str) else list(prompt)
     frames = dict(num_frames=num_frames, fps=fps, max_frames=max_frames, start=start, end=end)
     texts, stats = [], []
     for i, text in enumerate(prompts):
-        image_list = load_images(_for_prompt(images, i, len(prompts)))
+        image_sources = _for_prompt(images, i, len(prompts))
+        image_list = load_images(image_sources)
         video_list = load_videos(
             _for_prompt(videos, i, len(prompts)), sampling=runner.processor.frame_sampling, **frames
         )
-        texts.append(_generate_one(runner, text, image_list, video_list, max_new_tokens, options))
+        names = _image_names(image_sources, len(image_list)) + [
+            v.source if v.source != "<frames>" else f"videos[{j}]" for j, v in enumerate(video_list)
+        ]
+        texts.append(_generate_one(runner, text, image_list, video_list, names, max_new_tokens, options))
         stats.append(runner.last_stats)
     if isinstance(prompt, str):
         return (texts[0], stats[0]) if return_stats else texts[0]
@@ -102,18 +112,18 @@ def _for_prompt(media: Any, index: int, count: int) -> Any:
     return media
 
 
+def _image_names(sources: Any, count: int) -> list[str]:
+    """What to call each image in an error: its path or URL, else its place in `images`."""
+    listed = sources if isinstance(sources, (list, tuple)) else [sources]
+    return [str(s) if isinstance(s, (str, os.PathLike)) else f"images[{i}]" for i, s in enumerate(listed)][:count]
+
+
 def _generate_one(
-    spec: SpeculativeVLM, prompt: str, images: list, videos: list, max_new_tokens: int, options: dict
+    spec: SpeculativeVLM, prompt: str, images: list, videos: list, names: list[str], max_new_tokens: int, options: dict
 ) -> str:
     processor = spec.processor
-    text = processor.apply_chat_template(chat_messages(prompt, len(images), len(videos)))
-    inputs = dict(processor(text, images=images, videos=videos))
-    limit = getattr(spec.target.config.get_text_config(), "max_position_embeddings", None)
+    inputs = dict(processor.prompt_inputs(prompt, images, videos, names))
     length = inputs["input_ids"].shape[1]
-    if limit is not None and length + max_new_tokens > limit:
-        raise ContextTooLongError(
-            f"the prompt takes {length} tokens and max_new_tokens is {max_new_tokens}: {length + max_new_tokens} "
-            f"exceeds the model's context of {limit} tokens (fewer frames, smaller images or fewer new tokens fit)"
-        )
+    check_context(spec.context_length, length, max_new_tokens)
     ids = spec.generate(**inputs, max_new_tokens=max_new_tokens, **options)
     return processor.tokenizer.decode(ids[0, length:], skip_special_tokens=True)

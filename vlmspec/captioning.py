@@ -1,9 +1,11 @@
 """Batch captioning of image and video collections into a JSON-lines file that survives bad files and interruptions.
 
 Every input gets exactly one line: `{"path", "caption", "new_tokens", "tau", "seconds"}` or, for an input that
-cannot be captioned (`INPUT_ERRORS`, or the processor rejecting it), `{"path", "error", "error_type"}`. Any other
-error comes from the configuration or the model and would fail every input alike: it stops the job
-(`CaptioningStopped`) and leaves that input unrecorded, so a resume retries it. Lines are written whole and flushed
+cannot be captioned (`INPUT_ERRORS`: missing, unreadable or refused media, a prompt that does not fit it),
+`{"path", "error", "error_type"}`. Settings that would fail every input alike are refused before any model loads
+(`check_settings`, `check_prompt_fits`). Any other error comes from the configuration or the model and would fail
+every input alike too: it stops the job (`CaptioningStopped`) and leaves that input unrecorded, so a resume retries
+it. Lines are written whole and flushed
 one by one, so an interrupted run leaves a valid file (a torn last line from a hard kill is dropped on resume).
 `resume` skips inputs already recorded; `retry_errors` first removes the error records (an atomic rewrite of each
 file) so that those inputs are captioned again. Under `accelerate launch` the inputs are split over the processes,
@@ -33,7 +35,9 @@ from tqdm import tqdm
 from .errors import (
     ContextTooLongError,
     EmptyPromptError,
+    InvalidArgumentError,
     MediaNotFoundError,
+    MediaRejectedError,
     NoFramesError,
     NoInputsError,
     NotAnImageError,
@@ -44,7 +48,17 @@ from .errors import (
     VLMSpecError,
 )
 from .output_lock import OutputLock
-from .processors import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, chat_messages, load_image, load_video, media_kind
+from .processors import (
+    IMAGE_EXTENSIONS,
+    IMAGE_MARKER,
+    VIDEO_EXTENSIONS,
+    VIDEO_MARKER,
+    chat_messages,
+    load_image,
+    load_video,
+    media_kind,
+)
+from .processors.checks import check_context, check_count, check_frame_request, check_prompts
 from .speculative import SpeculativeVLM
 
 DEFAULT_PROMPTS = {"image": "Describe the image in detail.", "video": "Describe the video in detail."}
@@ -53,6 +67,7 @@ _MEDIA = IMAGE_EXTENSIONS | VIDEO_EXTENSIONS
 #: Errors that belong to one input: recorded for that input, and the job goes on.
 INPUT_ERRORS = (
     MediaNotFoundError,
+    MediaRejectedError,
     UnsupportedMediaError,
     NotAnImageError,
     UnreadableVideoError,
@@ -186,7 +201,8 @@ class Summary:
 
 @dataclass
 class CaptionSettings:
-    """What every input gets: the prompt, frame sampling, and the keyword arguments of `generate`.
+    """What every input gets: the prompt, frame sampling (`start`/`end` seconds bound every video), and the keyword
+    arguments of `generate`.
 
     `generation` holds only the settings given (e.g. `do_sample`, `repetition_penalty`); the rest stay the model's
     own generation config. With a `seed`, sampling for every input starts from a generator seeded with it and the
@@ -198,9 +214,43 @@ class CaptionSettings:
     num_frames: int | None = None
     fps: float | None = None
     max_frames: int | None = None
+    start: float | None = None
+    end: float | None = None
     max_new_tokens: int = 256
     generation: dict[str, Any] = field(default_factory=dict)
     seed: int | None = None
+
+
+def check_settings(settings: CaptionSettings) -> None:
+    """Refuse settings that would fail every input alike, before any model loads: frame and token counts, a prompt
+    that is no string, is empty, or whose `<image>`/`<video>` markers fit neither one image nor one video."""
+    check_count("max_new_tokens", settings.max_new_tokens, optional=False)
+    check_frame_request(settings.num_frames, settings.fps, settings.max_frames, settings.start, settings.end)
+    if settings.prompt is None:
+        return
+    check_prompts(settings.prompt)
+    misfits = []
+    for images, videos in ((1, 0), (0, 1)):
+        try:
+            chat_messages(settings.prompt, images, videos)
+        except PlaceholderMismatchError as error:
+            misfits.append(error)
+    if len(misfits) == 2:
+        raise PlaceholderMismatchError(
+            f"the prompt {settings.prompt!r} fits no input (each is one image or one video): {misfits[0]}"
+        )
+
+
+def check_prompt_fits(spec: SpeculativeVLM, settings: CaptionSettings) -> None:
+    """Refuse a prompt that leaves no room for any medium: its text alone and max_new_tokens exceed the context."""
+    for prompt in [settings.prompt] if settings.prompt else DEFAULT_PROMPTS.values():
+        text = prompt.replace(IMAGE_MARKER, "").replace(VIDEO_MARKER, "")
+        chat = spec.processor.apply_chat_template(chat_messages(text))
+        length = len(spec.processor.tokenizer(chat)["input_ids"])
+        what = "the prompt alone, without its media,"
+        check_context(
+            spec.context_length, length, settings.max_new_tokens, what, "a shorter prompt or fewer new tokens"
+        )
 
 
 def seeded(seed: int | None, path: str) -> dict[str, Any]:
@@ -235,6 +285,8 @@ def _load(path: str, settings: CaptionSettings, frame_sampling: Any) -> tuple[st
         num_frames=settings.num_frames,
         fps=settings.fps,
         max_frames=settings.max_frames,
+        start=settings.start,
+        end=settings.end,
         sampling=frame_sampling,
     )
 
@@ -291,11 +343,10 @@ def _caption_one(spec: SpeculativeVLM, path: str, future: Future, settings: Capt
         kind, media = future.result()
         prompt = settings.prompt or DEFAULT_PROMPTS[kind]
         images, videos = ([media], []) if kind == "image" else ([], [media])
-        text = processor.apply_chat_template(chat_messages(prompt, len(images), len(videos)))
-        try:
-            inputs = processor(text, images=images, videos=videos)
-        except ValueError as error:  # the processor's limits on this file, e.g. Qwen's aspect ratio of at most 200:1
-            return _error_record(path, error)
+        inputs = processor.prompt_inputs(prompt, images, videos, [path])
+        check_context(
+            spec.context_length, inputs["input_ids"].shape[1], settings.max_new_tokens, f"{path} with the prompt"
+        )
         start = time.perf_counter()
         generation = {**settings.generation, **seeded(settings.seed, path)}
         ids = spec.generate(**inputs, max_new_tokens=settings.max_new_tokens, **generation)
@@ -314,7 +365,8 @@ def _caption_one(spec: SpeculativeVLM, path: str, future: Future, settings: Capt
 
 
 def _error_record(path: str, error: Exception) -> dict[str, Any]:
-    return {"path": path, "error": str(error), "error_type": type(error).__name__}
+    message = str(error) if path in str(error) else f"{path}: {error}"
+    return {"path": path, "error": message, "error_type": type(error).__name__}
 
 
 def shard_paths(out: Path) -> list[Path]:
@@ -355,11 +407,12 @@ def run_captioning(
     rest (sharded under accelerate) and merge. A configuration or model error raises `CaptioningStopped`; another
     run holding `out`'s lock raises `OutputInUseError`."""
     from accelerate import PartialState
-    from accelerate.utils import broadcast_object_list, parse_flag_from_env
+    from accelerate.utils import broadcast_object_list
 
     if retry_errors and not resume:
-        raise ValueError("retry_errors continues an existing output: it needs resume=True")
-    state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))  # as `Accelerator` reads it: CPU processes
+        raise InvalidArgumentError("retry_errors continues an existing output: it needs resume=True")
+    check_settings(settings)
+    state = PartialState(cpu=_cpu_processes())
     lock = OutputLock(out)
     locked = [lock.acquire() if state.is_main_process else True]
     if state.num_processes > 1:
@@ -374,6 +427,17 @@ def run_captioning(
         return _run_locked(spec_factory, state, sources, out, settings, resume, progress, retry_errors)
     finally:
         lock.release()
+
+
+def _cpu_processes() -> bool:
+    """Whether the processes run on CPUs: asked for (`accelerate launch --cpu` sets `ACCELERATE_USE_CPU`, as
+    `Accelerator` reads it), or launched several to a machine without an accelerator (`torchrun`, `accelerate launch
+    --multi_gpu`), where accelerate would otherwise take each process for a lone one and all would caption everything.
+    """
+    from accelerate.utils import parse_flag_from_env
+
+    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    return parse_flag_from_env("ACCELERATE_USE_CPU") or (launched and not torch.accelerator.is_available())
 
 
 def _run_locked(
@@ -408,6 +472,7 @@ def _run_locked(
     done = recorded(out) if resume else set()
     todo = [p for p in paths if p not in done]
     spec = spec_factory(state)
+    check_prompt_fits(spec, settings)
     try:
         if state.num_processes == 1:
             summary = caption_paths(spec, todo, out, settings, progress)

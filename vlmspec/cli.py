@@ -63,6 +63,9 @@ def _generate(args: argparse.Namespace) -> None:
             max_new_tokens=args.max_new_tokens,
             num_frames=args.num_frames,
             fps=args.fps,
+            max_frames=args.max_frames,
+            start=args.start,
+            end=args.end,
             policy=args.policy,
             **load_options(args),
             **generation_options(args),
@@ -88,6 +91,8 @@ def _caption(args: argparse.Namespace) -> None:
         num_frames=args.num_frames,
         fps=args.fps,
         max_frames=args.max_frames,
+        start=args.start,
+        end=args.end,
         max_new_tokens=args.max_new_tokens,
         generation=generation_options(args),
         seed=args.seed,
@@ -154,6 +159,27 @@ def _number(convert, low: float, *, above: bool = False, high: float | None = No
     return parse
 
 
+def _add_frame_options(parser: argparse.ArgumentParser) -> None:
+    """Which frames of each video are sampled."""
+    frames = parser.add_mutually_exclusive_group()
+    frames.add_argument("--num-frames", type=_number(int, 1), help="frames per video, evenly spread")
+    frames.add_argument(
+        "--fps",
+        type=_number(float, 0, above=True),
+        help="frames per second to sample (default: the model family's rule)",
+    )
+    parser.add_argument(
+        "--max-frames", type=_number(int, 1), help="cap on frames sampled by --fps (default: the model family's rule)"
+    )
+    parser.add_argument("--start", type=_number(float, 0), metavar="SECONDS", help="sample from this time on")
+    parser.add_argument(
+        "--end",
+        type=_number(float, 0, above=True),
+        metavar="SECONDS",
+        help="sample up to this time (past the end: the end)",
+    )
+
+
 def _add_pair_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="target: hub id or directory (default: the demo pair)")
     parser.add_argument("--draft", help="draft: hub id or directory")
@@ -207,9 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--image", action="append", default=[], help="an image path or URL (repeatable)")
     gen.add_argument("--video", action="append", default=[], help="a video path (repeatable)")
     _add_pair_options(gen)
-    gen.add_argument("--max-new-tokens", type=int, default=128)
-    gen.add_argument("--num-frames", type=int)
-    gen.add_argument("--fps", type=float)
+    gen.add_argument("--max-new-tokens", type=_number(int, 1), default=128)
+    _add_frame_options(gen)
     _add_generation_options(
         gen,
         "sample from a torch.Generator seeded with N: the same command prints the same text "
@@ -222,17 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
     cap.add_argument("--out", required=True, help="the JSON-lines file to write")
     cap.add_argument("--prompt", help="default: 'Describe the image/video in detail.'")
     _add_pair_options(cap)
-    frames = cap.add_mutually_exclusive_group()
-    frames.add_argument("--num-frames", type=_number(int, 1), help="frames per video, evenly spread")
-    frames.add_argument(
-        "--fps",
-        type=_number(float, 0, above=True),
-        help="frames per second to sample (default: the model family's rule)",
-    )
-    cap.add_argument(
-        "--max-frames", type=_number(int, 1), help="cap on frames sampled by --fps (default: the model family's rule)"
-    )
-    cap.add_argument("--max-new-tokens", type=int, default=256)
+    _add_frame_options(cap)
+    cap.add_argument("--max-new-tokens", type=_number(int, 1), default=256)
     cap.add_argument("--resume", action="store_true", help="skip inputs already recorded in --out")
     cap.add_argument(
         "--retry-errors", action="store_true", help="with --resume: caption again the inputs recorded as errors"
@@ -270,6 +286,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--model and --draft go together (neither: the bundled demo pair)")
     if getattr(args, "retry_errors", False) and not args.resume:
         parser.error("--retry-errors continues an existing output: add --resume")
+    if getattr(args, "start", None) is not None and getattr(args, "end", None) is not None and args.end <= args.start:
+        parser.error(f"--end ({args.end}) must come after --start ({args.start})")
     if args.command == "bench" and not args.do_sample and any(getattr(args, name) is not None for name in SHAPING):
         parser.error("--temperature, --top-k and --top-p only shape sampling, and the bench is greedy: add --do-sample")
     args.run(args)

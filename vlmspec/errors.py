@@ -57,3 +57,16 @@ class PlaceholderMismatchError(VLMSpecError, ValueError):
 
 class ContextTooLongError(VLMSpecError, ValueError):
     """The prompt plus the requested new tokens exceed the model's context length."""
+
+
+class MediaRejectedError(VLMSpecError, ValueError):
+    """An image or video the model's processor refuses (Qwen's take aspect ratios up to 200:1), named with why."""
+
+
+class InvalidArgumentError(VLMSpecError, ValueError):
+    """An argument outside its range (`max_new_tokens`, `num_frames`, `fps`, `max_frames` at most 0; a reversed or
+    negative `start`/`end`), named with its value."""
+
+
+class PromptTypeError(VLMSpecError, TypeError):
+    """A prompt that is neither a string nor a list of strings."""

@@ -101,6 +101,11 @@ class SpeculativeVLM:
         )
         self.last_stats: SpecStats | None = None
 
+    @property
+    def context_length(self) -> int | None:
+        """The most tokens the target positions (prompt plus new tokens), as its text config states it."""
+        return getattr(self.target.config.get_text_config(), "max_position_embeddings", None)
+
     def with_options(
         self,
         policy: str | SageConfig | TreePolicy = "sage",

@@ -20,8 +20,10 @@ import torch
 from PIL import Image
 from transformers import BatchFeature, ProcessorMixin
 
+from ..errors import MediaRejectedError, VLMSpecError
 from .frame_sampling import FrameSampling
 from .media import Video, load_video
+from .prompt import chat_messages
 from .video_config import frame_sampling_for
 
 VIDEO_CONFIG_NAME = "video_preprocessor_config.json"
@@ -32,6 +34,7 @@ class VideoPacker(Protocol):
 
     marker: str
     sampling: FrameSampling
+    min_frames: int
 
     def __call__(self, video: Video) -> tuple[dict[str, torch.Tensor], str]: ...
 
@@ -91,6 +94,17 @@ class VisualInputs:
         return frame_sampling_for(type(self.processor).__name__, config)
 
     @property
+    def min_video_frames(self) -> int:
+        """The fewest frames the family's video processor takes (Qwen3-VL: its temporal patch); shorter clips are
+        padded by repeating their last frame, as that processor pads a clip of an odd frame count."""
+        if self.video_packer is not None:
+            return self.video_packer.min_frames
+        video_processor = getattr(self.processor, "video_processor", None)
+        if type(video_processor).__name__ == "Qwen3VLVideoProcessor":
+            return video_processor.temporal_patch_size
+        return 1
+
+    @property
     def tokenizer(self) -> Any:
         return self.processor.tokenizer
 
@@ -108,7 +122,8 @@ class VisualInputs:
         `video_fps`.
         """
         sampling = self.frame_sampling if videos else None
-        videos = [load_video(v, source_fps=video_fps, sampling=sampling) for v in videos or []]
+        minimum = self.min_video_frames if videos else 1
+        videos = [load_video(v, source_fps=video_fps, sampling=sampling).padded(minimum) for v in videos or []]
         video_inputs: dict[str, torch.Tensor] = {}
         if videos and self.video_packer is None:
             return self.processor(
@@ -133,3 +148,40 @@ class VisualInputs:
         inputs = self.processor(text=[text], images=list(images) if images else None, return_tensors="pt")
         inputs.update(video_inputs)
         return inputs
+
+    def prompt_inputs(
+        self,
+        prompt: str,
+        images: Sequence[Image.Image] = (),
+        videos: Sequence[Video] = (),
+        names: Sequence[str] | None = None,
+    ) -> BatchFeature:
+        """The model inputs for a plain prompt (placed by `chat_messages`) and its media. A medium the processor
+        refuses raises `MediaRejectedError` naming it (`names`: one per image, then one per video)."""
+        text = self.apply_chat_template(chat_messages(prompt, len(images), len(videos)))
+        try:
+            return self(text, images=images, videos=videos)
+        except VLMSpecError:
+            raise
+        except ValueError as error:
+            refused = self._refused(images, videos, names)
+            if refused is None:
+                raise
+            raise MediaRejectedError(
+                f"{refused}: the model's processor refuses it ({error}); crop, pad or resize it to what it takes"
+            ) from error
+
+    def _refused(
+        self, images: Sequence[Image.Image], videos: Sequence[Video], names: Sequence[str] | None
+    ) -> str | None:
+        """The name of the first medium the processor refuses on its own (None: the media are not at fault)."""
+        media = [([m], []) for m in images] + [([], [m]) for m in videos]
+        if names is None:
+            names = [f"images[{i}]" for i in range(len(images))] + [f"videos[{i}]" for i in range(len(videos))]
+        for (image, video), name in zip(media, names, strict=True):
+            text = self.apply_chat_template(chat_messages("Describe it.", len(image), len(video)))
+            try:
+                self(text, images=image, videos=video)
+            except ValueError:
+                return name
+        return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,10 +18,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
+from transformers.image_transforms import convert_to_rgb
 from transformers.video_utils import VideoMetadata
 
 from ..errors import MediaNotFoundError, NoFramesError, NotAnImageError, UnreadableVideoError, UnsupportedMediaError
+from .checks import check_frame_request
 from .frame_sampling import EvenSampling, FrameSampling
 
 IMAGE_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff"})
@@ -28,6 +31,8 @@ VIDEO_EXTENSIONS = frozenset({".mp4", ".mkv", ".avi", ".mov", ".webm", ".m4v", "
 
 #: Frame rate assumed for frames that come without one (arrays, frame lists, files that do not state it).
 DEFAULT_FPS = 2.0
+#: Below this a container's frame rate comes from a zero or broken time base, not from a real clip.
+MIN_NATIVE_FPS = 0.01
 
 
 @dataclass
@@ -48,6 +53,17 @@ class Video:
         self.indices = np.asarray(self.indices, dtype=np.int64)
         if self.total_frames is None:
             self.total_frames = int(self.indices.max() - self.indices.min()) + 1
+
+    def padded(self, min_frames: int) -> Video:
+        """The clip with its last frame repeated up to `min_frames` frames (a family whose processor refuses shorter
+        clips, Qwen3-VL's with fewer frames than its temporal patch, pads them this way itself when the count is odd).
+        """
+        missing = min_frames - len(self.frames)
+        if missing <= 0:
+            return self
+        frames = np.concatenate([self.frames, np.repeat(self.frames[-1:], missing, axis=0)])
+        indices = np.concatenate([self.indices, np.repeat(self.indices[-1:], missing)])
+        return Video(frames, indices, self.fps, self.source, self.total_frames)
 
     @property
     def timestamps(self) -> np.ndarray:
@@ -93,9 +109,15 @@ def _existing(path: str | os.PathLike) -> str:
 
 
 def load_image(source: Any) -> Image.Image:
-    """An RGB PIL image from a path, an http(s) URL, a PIL image, an (H, W, C) array or a (C, H, W) tensor."""
+    """An RGB PIL image from a path, an http(s) URL, a PIL image, an (H, W, C) array or a (C, H, W) tensor.
+
+    Converted as `transformers` converts: files turned upright by their EXIF orientation, then any mode (CMYK,
+    palette, grey, with or without alpha) to RGB with transparency composited onto white, as its image processors
+    do; the first frame of an animated file. One conversion is vlmspec's own: 16-bit and float images are scaled to
+    8 bits (PIL's RGB conversion would clip them to white).
+    """
     if isinstance(source, Image.Image):
-        return source.convert("RGB")
+        return _rgb(source)
     if isinstance(source, torch.Tensor):
         source = source.detach().cpu()
         if source.ndim == 3 and source.shape[0] in (1, 3, 4) and source.shape[-1] not in (1, 3, 4):
@@ -109,17 +131,36 @@ def load_image(source: Any) -> Image.Image:
             from transformers.image_utils import load_image as load_url
 
             try:
-                return load_url(text).convert("RGB")
+                return _rgb(load_url(text))
             except Exception as error:
                 raise NotAnImageError(f"{text}: could not load an image ({error})") from error
         if media_kind(_existing(text)) != "image":
             raise UnsupportedMediaError(f"{text}: a video was given where an image is expected")
         try:
             with Image.open(text) as image:
-                return image.convert("RGB")
-        except (UnidentifiedImageError, OSError, SyntaxError) as error:
+                return _rgb(ImageOps.exif_transpose(image))
+        except Image.DecompressionBombError as error:
+            raise NotAnImageError(f"{text}: too large to open safely ({error})") from error
+        except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
             raise NotAnImageError(f"{text}: not a readable image ({error})") from error
-    raise NotAnImageError(f"cannot make an image from a {type(source).__name__}")
+    shown = repr(source)
+    raise NotAnImageError(
+        f"cannot make an image from {type(source).__name__} {shown if len(shown) <= 60 else shown[:57] + '...'}: "
+        f"pass a path, an http(s) URL, a PIL image, an (H, W, C) array or a (C, H, W) tensor"
+    )
+
+
+def _rgb(image: Image.Image) -> Image.Image:
+    """RGB as `transformers`' image processors convert (alpha onto white), 16-bit and float images first scaled."""
+    if image.mode.startswith("I"):
+        image = Image.fromarray((np.clip(np.asarray(image, dtype=np.int64), 0, 65535) >> 8).astype(np.uint8))
+    elif image.mode == "F":
+        values = np.asarray(image, dtype=np.float64)
+        scale = 255.0 if values.size and values.min() >= 0 and values.max() <= 1 else 1.0
+        image = Image.fromarray(np.clip(np.rint(values * scale), 0, 255).astype(np.uint8))
+    if image.mode == "RGB":
+        return image.copy()
+    return Image.fromarray(convert_to_rgb(image, return_numpy=True))
 
 
 def _image_from_array(array: np.ndarray) -> Image.Image:
@@ -131,17 +172,23 @@ def _image_from_array(array: np.ndarray) -> Image.Image:
         array = np.clip(array * (255.0 if array.max() <= 1.0 else 1.0), 0, 255).astype(np.uint8)
     if array.shape[-1] == 1:
         array = array.repeat(3, axis=-1)
-    return Image.fromarray(array).convert("RGB")
+    return _rgb(Image.fromarray(array))
 
 
 def frame_span(total: int, native_fps: float, start: float | None = None, end: float | None = None) -> range:
-    """The indices of the frames between `start` and `end` seconds (the whole clip without them)."""
+    """The indices of the frames between `start` and `end` seconds (the whole clip without them; an `end` past the
+    clip's end means its end)."""
+    if total <= 0:
+        raise NoFramesError("the video has no frames")
     first = 0 if start is None else max(0, math.floor(start * native_fps))
     last = total - 1 if end is None else min(total - 1, math.ceil(end * native_fps) - 1)
-    if total <= 0 or last < first:
+    if first >= total:
         raise NoFramesError(
-            f"no frames between {start or 0}s and {end if end is not None else 'the end'} of {total} frames"
+            f"start={start} s is past the end of the clip ({total / native_fps:.2f} s: {total} frames at "
+            f"{native_fps:g} fps)"
         )
+    if last < first:
+        raise NoFramesError(f"no frame lies between start={start or 0} s and end={end} s ({native_fps:g} fps)")
     return range(first, last + 1)
 
 
@@ -158,12 +205,7 @@ def sample_indices(
     """Frame indices to decode from `total` frames at `native_fps`, by `sampling` (a family's rule; `EvenSampling`
     by default) from `num_frames`, or `fps` capped by `max_frames`, between `start` and `end` seconds.
     """
-    if num_frames is not None and fps is not None:
-        raise ValueError("num_frames and fps are exclusive: pass one of them")
-    if fps is not None and fps <= 0:
-        raise ValueError(f"fps must be positive, got {fps}")
-    if num_frames is not None and num_frames < 1:
-        raise ValueError(f"num_frames must be at least 1, got {num_frames}")
+    check_frame_request(num_frames, fps, max_frames, start, end)
     span = frame_span(total, native_fps, start, end)
     rule = EvenSampling() if sampling is None else sampling
     return span.start + rule(len(span), native_fps, num_frames, fps, max_frames)
@@ -187,6 +229,7 @@ def load_video(
     if isinstance(source, Video):
         return source
     if isinstance(source, (str, os.PathLike)):
+        check_frame_request(num_frames, fps, max_frames, start, end)
         request = dict(num_frames=num_frames, fps=fps, max_frames=max_frames, start=start, end=end)
         return _decode(str(source), request, sampling)
     if isinstance(source, torch.Tensor):
@@ -197,11 +240,14 @@ def load_video(
         source = np.stack([np.asarray(load_image(frame)) for frame in source])
     if isinstance(source, np.ndarray):
         if source.ndim != 4 or source.shape[-1] != 3:
-            raise ValueError(f"a video array must have shape (T, H, W, 3); got {source.shape}")
+            raise UnreadableVideoError(f"a video array must have shape (T, H, W, 3); got {source.shape}")
         if source.shape[0] == 0:
             raise NoFramesError("a video array with no frames was given")
         return Video(source.astype(np.uint8, copy=False), np.arange(source.shape[0]), float(source_fps))
-    raise UnreadableVideoError(f"cannot make a video from a {type(source).__name__}")
+    raise UnreadableVideoError(
+        f"cannot make a video from {type(source).__name__}: pass a path, a (T, H, W, 3) array or tensor, or a list "
+        f"of frames"
+    )
 
 
 def _decode(path: str, request: dict[str, Any], sampling: FrameSampling | None) -> Video:
@@ -218,7 +264,14 @@ def _decode(path: str, request: dict[str, Any], sampling: FrameSampling | None) 
     total = len(reader)
     if total == 0:
         raise NoFramesError(f"{path}: the video has no frames")
-    native_fps = float(reader.get_avg_fps()) or DEFAULT_FPS
+    native_fps = float(reader.get_avg_fps())
+    if not math.isfinite(native_fps) or native_fps < MIN_NATIVE_FPS:
+        warnings.warn(
+            f"{path}: the container states no usable frame rate ({native_fps:g} fps: a zero or broken time base); "
+            f"assuming {DEFAULT_FPS:g} fps, so the times the model is told are guesses",
+            stacklevel=2,
+        )
+        native_fps = DEFAULT_FPS
     try:
         indices = sample_indices(total, native_fps, **request, sampling=sampling)
     except NoFramesError as error:

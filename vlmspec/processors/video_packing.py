@@ -36,6 +36,11 @@ class QwenVideoPacker:
         self.timestamps = timestamps
         self.sampling = QwenSampling() if sampling is None else sampling
 
+    @property
+    def min_frames(self) -> int:
+        """Qwen3-VL's processor refuses clips shorter than its temporal patch; Qwen2.5-VL's pads them itself."""
+        return self.patcher.temporal_patch_size if self.timestamps else 1
+
     def __call__(self, video: Video) -> tuple[dict[str, torch.Tensor], str]:
         out = self.patcher(video.frames, clip_budget=self.timestamps)
         grid_t, grid_h, grid_w = out["video_grid_thw"][0].tolist()
@@ -84,6 +89,7 @@ class LlavaOnevisionVideoPacker:
     """LLaVA-OneVision: every frame resized to the vision tower's input size; 2x2-pooled tokens plus one newline."""
 
     marker = "<video>"
+    min_frames = 1
 
     def __init__(
         self,
