@@ -296,6 +296,16 @@ BAD_CALLS = {
         VLMSpecError,
         "collection",
     ),
+    "refused_second_image": (
+        lambda m: vlmspec.generate("Compare them.", images=[m["image"], m["tall"]]),
+        MediaRejectedError,
+        "tall.png: the model's processor refuses it (absolute aspect ratio",
+    ),
+    "refused_image_array": (
+        lambda m: vlmspec.generate("Describe it.", images=np.zeros((4000, 10, 3), np.uint8)),
+        MediaRejectedError,
+        "images[0]",
+    ),
     "start_past_the_clip": (
         lambda m: vlmspec.generate("Describe it.", videos=m["video"], start=30.0),
         NoFramesError,
@@ -309,6 +319,7 @@ def test_generate_refuses_each_bad_prompt_or_medium_naming_it(media, case):
     call, error, named = BAD_CALLS[case]
     folder = media / "collection"
     paths = {"image": str(folder / "good.png"), "video": str(folder / "good.mp4"), "folder": str(folder)}
+    paths["tall"] = str(folder / "tall.png")
     with pytest.raises(error, match=re.escape(named)):
         call(paths)
 
@@ -316,6 +327,25 @@ def test_generate_refuses_each_bad_prompt_or_medium_naming_it(media, case):
 def test_the_int_prompt_of_a_new_user_is_a_type_error(media):
     with pytest.raises(TypeError, match="prompt must be a string"):
         vlmspec.generate(5, images=str(media / "collection" / "good.png"))
+
+
+@pytest.mark.parametrize(
+    ("flags", "code", "named"),
+    [
+        (["--image", "tall.png"], EXIT_ERROR, "tall.png: the model's processor refuses it"),
+        (["--video", "audio_only.mp4"], EXIT_ERROR, "audio_only.mp4: no video stream"),
+        (["--image", "good.png", "--max-new-tokens", "0"], EXIT_CONFIGURATION, "--max-new-tokens"),
+        (["--video", "good.mp4", "--start", "2", "--end", "1"], EXIT_CONFIGURATION, "--end (1.0) must come after"),
+    ],
+)
+def test_generate_command_exits_1_for_a_bad_file_and_2_for_a_bad_argument(
+    media, capsys, monkeypatch, flags, code, named
+):
+    monkeypatch.chdir(media / "collection")
+    with pytest.raises(SystemExit) as exit_:
+        main(["generate", "Describe it.", "--max-new-tokens", "4", *flags])
+    assert exit_.value.code == code
+    assert named in capsys.readouterr().err
 
 
 def _caption_good_pair(media: Path, out: Path, *flags: str) -> dict[str, dict]:

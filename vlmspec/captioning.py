@@ -176,12 +176,15 @@ class Summary:
     taus: list[float] = field(default_factory=list)
     interrupted: bool = False
     stopped: bool = False
-    #: Error records written by every process of the run (a sharded run's processes each report their own share).
-    errors_in_run: int | None = None
+    #: The job's inputs whose record in the output is an error, earlier runs' records included (once it is done).
+    errors_recorded: int = 0
+    #: The job's inputs recorded as errors by the runs this one resumes.
+    earlier_errors: int = 0
 
     @property
     def any_errors(self) -> bool:
-        return bool(self.errors if self.errors_in_run is None else self.errors_in_run)
+        """Whether some input of the job has an error record rather than a caption (written now or before)."""
+        return bool(self.errors or self.errors_recorded)
 
     def line(self) -> str:
         rate = self.new_tokens / self.seconds if self.seconds else 0.0
@@ -193,9 +196,11 @@ class Summary:
         else:
             state = "done"
         retried = f" ({self.retried} recorded errors retried)" if self.retried else ""
+        earlier = self.earlier_errors
+        kept = f"; {earlier} earlier error records kept (--resume --retry-errors retries them)" if earlier else ""
         return (
             f"{state}: {self.captioned} captioned, {self.errors} errors, {self.skipped} already recorded{retried}; "
-            f"{self.new_tokens} tokens at {rate:.1f} tokens/s, mean tau {tau:.2f}"
+            f"{self.new_tokens} tokens at {rate:.1f} tokens/s, mean tau {tau:.2f}{kept}"
         )
 
 
@@ -373,9 +378,16 @@ def shard_paths(out: Path) -> list[Path]:
     return sorted(out.parent.glob(f"{out.name}.part*"))
 
 
-def recorded(out: Path) -> set[str]:
-    """Paths recorded in `out` or in shards left by an interrupted sharded run."""
-    return {r["path"] for f in [out, *shard_paths(out)] for r in read_records(f) if "path" in r}
+def recorded(out: Path, errors_only: bool = False) -> set[str]:
+    """Paths recorded in `out` or in shards left by an interrupted sharded run (only those recorded as errors)."""
+    records = (r for f in [out, *shard_paths(out)] for r in read_records(f) if "path" in r)
+    return {r["path"] for r in records if not errors_only or "error" in r}
+
+
+def count_error_records(out: Path, paths: list[str]) -> int:
+    """How many of `paths` are recorded in `out` as errors."""
+    wanted = set(paths)
+    return sum(1 for r in read_records(out) if "error" in r and r.get("path") in wanted)
 
 
 def merge_shards(out: Path, order: list[str]) -> None:
@@ -452,7 +464,7 @@ def _run_locked(
 ) -> Summary:
     """`run_captioning` once the output's lock is held. No process returns before the shards are merged, so a launcher
     that stops the others when one exits can never cut a merge short."""
-    from accelerate.utils import gather_object
+    from accelerate.utils import broadcast_object_list
 
     paths = discover_inputs(sources)
     if not paths:
@@ -470,6 +482,7 @@ def _run_locked(
                 retried += drop_error_records(f)
     state.wait_for_everyone()
     done = recorded(out) if resume else set()
+    earlier_errors = len(recorded(out, errors_only=True) & set(paths)) if resume else 0
     todo = [p for p in paths if p not in done]
     spec = spec_factory(state)
     check_prompt_fits(spec, settings)
@@ -481,12 +494,18 @@ def _run_locked(
                 shard = out.with_name(f"{out.name}.part{state.process_index}")
                 summary = caption_paths(spec, list(mine), shard, settings, progress and state.is_main_process)
             state.wait_for_everyone()
-            summary.errors_in_run = sum(gather_object([summary.errors]))
         if state.is_main_process:
             merge_shards(out, paths)
-        state.wait_for_everyone()
+        counted = [count_error_records(out, paths) if state.is_main_process else 0]
+        if state.num_processes > 1:
+            broadcast_object_list(counted, from_process=0)
+        summary.errors_recorded = counted[0]
     except CaptioningStopped as stop:
-        stop.summary.skipped, stop.summary.retried = len(paths) - len(todo), retried
+        stop.summary.skipped, stop.summary.retried, stop.summary.earlier_errors = (
+            len(paths) - len(todo),
+            retried,
+            earlier_errors,
+        )
         raise
-    summary.skipped, summary.retried = len(paths) - len(todo), retried
+    summary.skipped, summary.retried, summary.earlier_errors = len(paths) - len(todo), retried, earlier_errors
     return summary

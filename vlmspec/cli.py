@@ -1,7 +1,8 @@
 """The `vlmspec` command: `demo`, `generate`, `caption`, `bench`.
 
 Exit codes: 0 done (`caption`: every input captioned); 1 an error of the model or an input (`generate`), a caption
-job stopped by the model, or a caption job that recorded errors for some inputs; 2 a configuration or set-up error
+job stopped by the model, or a caption job whose output holds error records for some of its inputs (written now or
+by the run it resumes); 2 a configuration or set-up error
 (the command line, the generation settings, the model pair, no inputs, an output another run is writing); 130
 interrupted.
 """
