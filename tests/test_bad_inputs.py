@@ -40,7 +40,6 @@ from vlmspec.errors import (
     PromptTypeError,
     UnreadableVideoError,
     UnsupportedMediaError,
-    VLMSpecError,
 )
 from vlmspec.processors import Video, chat_messages, load_image, load_video
 from vlmspec.processors.media import DEFAULT_FPS
@@ -212,9 +211,9 @@ BAD_FLAGS = {
     "zero_max_frames": (["--max-frames", "0"], "--max-frames"),
     "zero_new_tokens": (["--max-new-tokens", "0"], "--max-new-tokens"),
     "negative_start": (["--start", "-1"], "--start"),
-    "reversed_span": (["--start", "1.5", "--end", "0.5"], "--end (0.5) must come after --start (1.5)"),
-    "empty_prompt": (["--prompt", ""], "the prompt is empty"),
-    "blank_prompt": (["--prompt", "   "], "the prompt is empty"),
+    "reversed_span": (["--start", "1.5", "--end", "0.5"], "end (0.5 s) must come after start (1.5 s)"),
+    "empty_prompt": (["--prompt", ""], "prompt is empty"),
+    "blank_prompt": (["--prompt", "   "], "prompt is empty"),
     "two_image_markers": (["--prompt", "Compare <image> with <image>."], "fits no input"),
     "both_markers": (["--prompt", "Compare <image> with <video>."], "fits no input"),
     "prompt_beyond_context": (["--prompt", "Describe it. " * 600], "the prompt alone"),
@@ -293,8 +292,8 @@ BAD_CALLS = {
     ),
     "folder_given_as_image": (
         lambda m: vlmspec.generate("Describe it.", images=m["folder"]),
-        VLMSpecError,
-        "collection",
+        UnsupportedMediaError,
+        "collection: a folder, not an image or video file",
     ),
     "refused_second_image": (
         lambda m: vlmspec.generate("Compare them.", images=[m["image"], m["tall"]]),
@@ -335,7 +334,11 @@ def test_the_int_prompt_of_a_new_user_is_a_type_error(media):
         (["--image", "tall.png"], EXIT_ERROR, "tall.png: the model's processor refuses it"),
         (["--video", "audio_only.mp4"], EXIT_ERROR, "audio_only.mp4: no video stream"),
         (["--image", "good.png", "--max-new-tokens", "0"], EXIT_CONFIGURATION, "--max-new-tokens"),
-        (["--video", "good.mp4", "--start", "2", "--end", "1"], EXIT_CONFIGURATION, "--end (1.0) must come after"),
+        (
+            ["--video", "good.mp4", "--start", "2", "--end", "1"],
+            EXIT_CONFIGURATION,
+            "end (1.0 s) must come after start (2.0 s)",
+        ),
     ],
 )
 def test_generate_command_exits_1_for_a_bad_file_and_2_for_a_bad_argument(
@@ -461,3 +464,15 @@ def test_a_one_frame_clip_reaches_qwen3_vl_padded_to_its_temporal_patch(media, q
     expected = _greedy_reference(spec, "Describe it.", videos=[doubled])
     text = vlmspec.generate("Describe it.", videos=path, model=model, draft=draft, max_new_tokens=12, do_sample=False)
     assert text == expected
+
+
+def test_an_image_whose_exif_pillow_cannot_read_is_used_as_stored_with_a_warning(media, monkeypatch):
+    path = media / "collection" / "sideways_phone_photo.jpg"
+
+    def broken_exif(image):
+        raise ZeroDivisionError("division by zero")  # as Pillow 11.0 raised on some malformed EXIF blocks
+
+    monkeypatch.setattr("vlmspec.processors.media.ImageOps.exif_transpose", broken_exif)
+    with pytest.warns(UserWarning, match=re.escape(f"{path}: malformed EXIF data")):
+        image = load_image(str(path))
+    assert image.size == (60, 40)

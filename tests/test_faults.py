@@ -258,6 +258,6 @@ def test_the_resume_that_finishes_a_killed_run_exits_1_when_inputs_are_recorded_
     except SystemExit as exited:
         code = exited.code
     assert "1 captioned, 0 errors, 1 already recorded; " in (summary := capsys.readouterr().out)
-    assert "1 earlier error records kept" in summary
+    assert "the output holds 1 error record (--resume --retry-errors retries them)" in summary
     assert [Path(r["path"]).name for r in read_records(out)] == ["a_broken.mp4", "b.png"]
     assert code == EXIT_ERROR, f"exit {code}: the output holds an error record, so not every input was captioned"

@@ -5,15 +5,14 @@ cannot be captioned (`INPUT_ERRORS`: missing, unreadable or refused media, a pro
 `{"path", "error", "error_type"}`. Settings that would fail every input alike are refused before any model loads
 (`check_settings`, `check_prompt_fits`). Any other error comes from the configuration or the model and would fail
 every input alike too: it stops the job (`CaptioningStopped`) and leaves that input unrecorded, so a resume retries
-it. Lines are written whole and flushed
-one by one, so an interrupted run leaves a valid file (a torn last line from a hard kill is dropped on resume).
-`resume` skips inputs already recorded; `retry_errors` first removes the error records (an atomic rewrite of each
-file) so that those inputs are captioned again. Under `accelerate launch` the inputs are split over the processes,
-each writing its own shard, and the first process merges the shards into the output (no duplicates, input order)
-with an atomic replace. One run writes an output at a time: the first process holds an exclusive lock beside it
-(`<output>.lock`, `OutputLock`) for the whole run, and a second run on the same output stops at once with
-`OutputInUseError` on all its processes. Every process checks for an existing output before any writes, so a
-refused run stops on all of them.
+it. Lines are written whole and flushed one by one, so an interrupted run leaves a valid file (a torn last line from
+a hard kill is dropped on resume). `resume` skips inputs already recorded; `retry_errors` first removes the error
+records (an atomic rewrite of each file) so that those inputs are captioned again. Under `accelerate launch` the
+inputs are split over the processes, each writing its own shard, and the first process merges the shards into the
+output (no duplicates, input order) with an atomic replace. One run writes an output at a time: the first process
+holds an exclusive lock beside it (`<output>.lock`, `OutputLock`) for the whole run. The first process alone takes
+the lock, reads and prepares the files and merges; each outcome, or the error it met (another run holding the
+lock: `OutputInUseError`), reaches every process, so a sharded run goes on or stops as one.
 """
 
 from __future__ import annotations
@@ -43,6 +42,7 @@ from .errors import (
     NotAnImageError,
     OutputInUseError,
     PlaceholderMismatchError,
+    PromptTypeError,
     UnreadableVideoError,
     UnsupportedMediaError,
     VLMSpecError,
@@ -178,8 +178,6 @@ class Summary:
     stopped: bool = False
     #: The job's inputs whose record in the output is an error, earlier runs' records included (once it is done).
     errors_recorded: int = 0
-    #: The job's inputs recorded as errors by the runs this one resumes.
-    earlier_errors: int = 0
 
     @property
     def any_errors(self) -> bool:
@@ -196,8 +194,10 @@ class Summary:
         else:
             state = "done"
         retried = f" ({self.retried} recorded errors retried)" if self.retried else ""
-        earlier = self.earlier_errors
-        kept = f"; {earlier} earlier error records kept (--resume --retry-errors retries them)" if earlier else ""
+        count = self.errors_recorded
+        kept = ""
+        if count:
+            kept = f"; the output holds {count} error record{'s' * (count != 1)} (--resume --retry-errors retries them)"
         return (
             f"{state}: {self.captioned} captioned, {self.errors} errors, {self.skipped} already recorded{retried}; "
             f"{self.new_tokens} tokens at {rate:.1f} tokens/s, mean tau {tau:.2f}{kept}"
@@ -233,6 +233,8 @@ def check_settings(settings: CaptionSettings) -> None:
     check_frame_request(settings.num_frames, settings.fps, settings.max_frames, settings.start, settings.end)
     if settings.prompt is None:
         return
+    if not isinstance(settings.prompt, str):
+        raise PromptTypeError(f"the caption prompt must be a string, got {type(settings.prompt).__name__}")
     check_prompts(settings.prompt)
     misfits = []
     for images, videos in ((1, 0), (0, 1)):
@@ -370,6 +372,7 @@ def _caption_one(spec: SpeculativeVLM, path: str, future: Future, settings: Capt
 
 
 def _error_record(path: str, error: Exception) -> dict[str, Any]:
+    """The record of an input that cannot be captioned; its message names the input."""
     message = str(error) if path in str(error) else f"{path}: {error}"
     return {"path": path, "error": message, "error_type": type(error).__name__}
 
@@ -378,10 +381,9 @@ def shard_paths(out: Path) -> list[Path]:
     return sorted(out.parent.glob(f"{out.name}.part*"))
 
 
-def recorded(out: Path, errors_only: bool = False) -> set[str]:
-    """Paths recorded in `out` or in shards left by an interrupted sharded run (only those recorded as errors)."""
-    records = (r for f in [out, *shard_paths(out)] for r in read_records(f) if "path" in r)
-    return {r["path"] for r in records if not errors_only or "error" in r}
+def recorded(out: Path) -> set[str]:
+    """Paths recorded in `out` or in shards left by an interrupted sharded run."""
+    return {r["path"] for f in [out, *shard_paths(out)] for r in read_records(f) if "path" in r}
 
 
 def count_error_records(out: Path, paths: list[str]) -> int:
@@ -419,18 +421,14 @@ def run_captioning(
     rest (sharded under accelerate) and merge. A configuration or model error raises `CaptioningStopped`; another
     run holding `out`'s lock raises `OutputInUseError`."""
     from accelerate import PartialState
-    from accelerate.utils import broadcast_object_list
 
     if retry_errors and not resume:
         raise InvalidArgumentError("retry_errors continues an existing output: it needs resume=True")
     check_settings(settings)
     state = PartialState(cpu=_cpu_processes())
     lock = OutputLock(out)
-    locked = [lock.acquire() if state.is_main_process else True]
-    if state.num_processes > 1:
-        broadcast_object_list(locked, from_process=0)
     try:
-        if not locked[0]:
+        if not _on_main(state, lock.acquire):
             holder = lock.holder()
             raise OutputInUseError(
                 f"{out} is being written by another caption run{f' (pid {holder})' if holder else ''}: wait for "
@@ -449,7 +447,61 @@ def _cpu_processes() -> bool:
     from accelerate.utils import parse_flag_from_env
 
     launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    return parse_flag_from_env("ACCELERATE_USE_CPU") or (launched and not torch.accelerator.is_available())
+    accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6; CUDA alone before
+    available = accelerator.is_available() if accelerator is not None else torch.cuda.is_available()
+    return parse_flag_from_env("ACCELERATE_USE_CPU") or (launched and not available)
+
+
+def _on_main(state: Any, compute: Callable[[], Any]) -> Any:
+    """`compute()` run by the first process, and its result, or the error it raised, handed to every process: all go
+    on with the same value or stop with the same error, none left waiting in a collective the first never reaches."""
+    from accelerate.utils import broadcast_object_list
+
+    outcome: list[Any] = [None]
+    if state.is_main_process:
+        try:
+            outcome[0] = (True, compute())
+        except Exception as error:
+            outcome[0] = (False, error)
+    if state.num_processes > 1:
+        broadcast_object_list(outcome, from_process=0)
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value
+
+
+def _job_inputs(sources: list[str], out: Path, resume: bool) -> list[str]:
+    """The inputs of the job; none, or an existing output without `resume`, is an error."""
+    paths = discover_inputs(sources)
+    if not paths:
+        raise NoInputsError(
+            f"no inputs found in {', '.join(map(str, sources))}: folders are searched recursively for "
+            f"{', '.join(sorted(_MEDIA))}, and .txt files are read as lists of paths"
+        )
+    if not resume and (out.exists() or shard_paths(out)):
+        raise FileExistsError(f"{out} already exists: pass --resume to continue it, or choose another --out")
+    return paths
+
+
+def _prepare_resume(out: Path, paths: list[str], resume: bool, retry_errors: bool) -> tuple[int, list[str]]:
+    """Torn last lines cut and, with `retry_errors`, error records dropped; returns how many were dropped and the
+    inputs still to caption."""
+    if not resume:
+        return 0, paths
+    retried = 0
+    for f in [out, *shard_paths(out)]:
+        cut_torn_line(f)
+        if retry_errors:
+            retried += drop_error_records(f)
+    done = recorded(out)
+    return retried, [p for p in paths if p not in done]
+
+
+def _merged(out: Path, paths: list[str]) -> int:
+    """Merge the shards into `out`; returns how many of the job's inputs it records as errors."""
+    merge_shards(out, paths)
+    return count_error_records(out, paths)
 
 
 def _run_locked(
@@ -462,28 +514,11 @@ def _run_locked(
     progress: bool,
     retry_errors: bool,
 ) -> Summary:
-    """`run_captioning` once the output's lock is held. No process returns before the shards are merged, so a launcher
-    that stops the others when one exits can never cut a merge short."""
-    from accelerate.utils import broadcast_object_list
-
-    paths = discover_inputs(sources)
-    if not paths:
-        raise NoInputsError(
-            f"no inputs found in {', '.join(map(str, sources))}: folders are searched recursively for "
-            f"{', '.join(sorted(_MEDIA))}, and .txt files are read as lists of paths"
-        )
-    if not resume and (out.exists() or shard_paths(out)):
-        raise FileExistsError(f"{out} already exists: pass --resume to continue it, or choose another --out")
-    retried = 0
-    if resume and state.is_main_process:
-        for f in [out, *shard_paths(out)]:
-            cut_torn_line(f)
-            if retry_errors:
-                retried += drop_error_records(f)
-    state.wait_for_everyone()
-    done = recorded(out) if resume else set()
-    earlier_errors = len(recorded(out, errors_only=True) & set(paths)) if resume else 0
-    todo = [p for p in paths if p not in done]
+    """`run_captioning` once the output's lock is held. The first process reads and prepares the files and merges the
+    shards, handing the outcome to all; no process returns before the merge, so a launcher that stops the others when
+    one exits can never cut it short."""
+    paths = _on_main(state, lambda: _job_inputs(sources, out, resume))
+    retried, todo = _on_main(state, lambda: _prepare_resume(out, paths, resume, retry_errors))
     spec = spec_factory(state)
     check_prompt_fits(spec, settings)
     try:
@@ -494,18 +529,9 @@ def _run_locked(
                 shard = out.with_name(f"{out.name}.part{state.process_index}")
                 summary = caption_paths(spec, list(mine), shard, settings, progress and state.is_main_process)
             state.wait_for_everyone()
-        if state.is_main_process:
-            merge_shards(out, paths)
-        counted = [count_error_records(out, paths) if state.is_main_process else 0]
-        if state.num_processes > 1:
-            broadcast_object_list(counted, from_process=0)
-        summary.errors_recorded = counted[0]
+        summary.errors_recorded = _on_main(state, lambda: _merged(out, paths))
     except CaptioningStopped as stop:
-        stop.summary.skipped, stop.summary.retried, stop.summary.earlier_errors = (
-            len(paths) - len(todo),
-            retried,
-            earlier_errors,
-        )
+        stop.summary.skipped, stop.summary.retried = len(paths) - len(todo), retried
         raise
-    summary.skipped, summary.retried, summary.earlier_errors = len(paths) - len(todo), retried, earlier_errors
+    summary.skipped, summary.retried = len(paths) - len(todo), retried
     return summary

@@ -225,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     demo = commands.add_parser("demo", help="caption the bundled sample image and video with the demo pair")
-    demo.add_argument("--max-new-tokens", type=int, default=200)
+    demo.add_argument("--max-new-tokens", type=_number(int, 1), default=200)
     demo.add_argument("--policy", default="sage", choices=POLICIES)
     demo.set_defaults(run=_demo)
 
@@ -270,8 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated: ar, hf-assisted, chain, static-tree, specvlm, sage, sage-gt, and sage-full / "
         "sage-gt-full (no pruning)",
     )
-    bench.add_argument("--n", type=int, default=8)
-    bench.add_argument("--max-new-tokens", type=int, default=200)
+    bench.add_argument("--n", type=_number(int, 1), default=8)
+    bench.add_argument("--max-new-tokens", type=_number(int, 1), default=200)
     bench.add_argument("--model", help="target (default: the demo pair)")
     bench.add_argument("--draft", help="draft (default: the demo pair)")
     bench.add_argument("--out", default="bench-out")
@@ -287,8 +287,6 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--model and --draft go together (neither: the bundled demo pair)")
     if getattr(args, "retry_errors", False) and not args.resume:
         parser.error("--retry-errors continues an existing output: add --resume")
-    if getattr(args, "start", None) is not None and getattr(args, "end", None) is not None and args.end <= args.start:
-        parser.error(f"--end ({args.end}) must come after --start ({args.start})")
     if args.command == "bench" and not args.do_sample and any(getattr(args, name) is not None for name in SHAPING):
         parser.error("--temperature, --top-k and --top-p only shape sampling, and the bench is greedy: add --do-sample")
     args.run(args)

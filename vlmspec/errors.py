@@ -64,8 +64,9 @@ class MediaRejectedError(VLMSpecError, ValueError):
 
 
 class InvalidArgumentError(VLMSpecError, ValueError):
-    """An argument outside its range (`max_new_tokens`, `num_frames`, `fps`, `max_frames` at most 0; a reversed or
-    negative `start`/`end`), named with its value."""
+    """An argument of the wrong kind or outside its range (`max_new_tokens`, `num_frames`, `max_frames` not a whole
+    number of at least 1, `fps` not above 0, both `num_frames` and `fps`, a negative or reversed `start`/`end`),
+    named with its value."""
 
 
 class PromptTypeError(VLMSpecError, TypeError):

@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import math
+from numbers import Integral, Real
 from typing import Any
 
-from ..errors import ContextTooLongError, InvalidArgumentError, PromptTypeError
+from ..errors import ContextTooLongError, EmptyPromptError, InvalidArgumentError, PromptTypeError
 
 
 def check_prompts(prompt: Any) -> list[str]:
-    """The prompts of a call: one string, or a non-empty list of strings (each checked for content later)."""
+    """The prompts of a call: one string, or a non-empty list of strings, none of them empty."""
     prompts = [prompt] if isinstance(prompt, str) else prompt
     if not isinstance(prompts, (list, tuple)) or not prompts:
         raise PromptTypeError(f"prompt must be a string or a non-empty list of strings, got {_shown(prompt)}")
     for i, text in enumerate(prompts):
+        name = "prompt" if isinstance(prompt, str) else f"prompt[{i}]"
         if not isinstance(text, str):
-            raise PromptTypeError(f"prompt[{i}] must be a string, got {_shown(text)}")
+            raise PromptTypeError(f"{name} must be a string, got {_shown(text)}")
+        if not text.strip():
+            raise EmptyPromptError(f"{name} is empty: {text!r}")
     return list(prompts)
 
 
@@ -23,7 +27,7 @@ def check_count(name: str, value: Any, *, optional: bool = True) -> None:
     """`value` is a whole number of at least 1 (or None where `optional`)."""
     if value is None and optional:
         return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
         raise InvalidArgumentError(f"{name} must be a whole number of at least 1, got {_shown(value)}")
 
 
@@ -31,7 +35,7 @@ def check_rate(name: str, value: Any) -> None:
     """`value` is None or a finite number above 0."""
     if value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+    if not _finite(value) or value <= 0:
         raise InvalidArgumentError(f"{name} must be a number above 0, got {_shown(value)}")
 
 
@@ -46,9 +50,7 @@ def check_frame_request(
     if num_frames is not None and fps is not None:
         raise InvalidArgumentError(f"num_frames ({num_frames}) and fps ({fps}) are exclusive: pass one of them")
     for name, value in (("start", start), ("end", end)):
-        if value is not None and (
-            isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0
-        ):
+        if value is not None and (not _finite(value) or value < 0):
             raise InvalidArgumentError(f"{name} must be a number of seconds at or after 0, got {_shown(value)}")
     if start is not None and end is not None and end <= start:
         raise InvalidArgumentError(f"end ({end} s) must come after start ({start} s)")
@@ -67,6 +69,11 @@ def check_context(
             f"{what} takes {length} tokens and max_new_tokens is {max_new_tokens}: {length + max_new_tokens} exceeds "
             f"the model's context of {limit} tokens ({remedy})"
         )
+
+
+def _finite(value: Any) -> bool:
+    """A finite real number (numpy's included), not a bool."""
+    return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _shown(value: Any) -> str:

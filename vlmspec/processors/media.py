@@ -13,6 +13,7 @@ import os
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from io import BytesIO
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +106,8 @@ def media_kind(path: str | os.PathLike) -> str:
 def _existing(path: str | os.PathLike) -> str:
     if not os.path.exists(path):
         raise MediaNotFoundError(f"{path}: no such file")
+    if os.path.isdir(path):
+        raise UnsupportedMediaError(f"{path}: a folder, not an image or video file (`vlmspec caption` takes folders)")
     return str(path)
 
 
@@ -119,35 +122,58 @@ def load_image(source: Any) -> Image.Image:
     if isinstance(source, Image.Image):
         return _rgb(source)
     if isinstance(source, torch.Tensor):
-        source = source.detach().cpu()
+        source = _numpy(source)
         if source.ndim == 3 and source.shape[0] in (1, 3, 4) and source.shape[-1] not in (1, 3, 4):
-            source = source.permute(1, 2, 0)
-        source = source.numpy()
+            source = source.transpose(1, 2, 0)
     if isinstance(source, np.ndarray):
         return _image_from_array(source)
     if isinstance(source, (str, os.PathLike)):
         text = str(source)
         if text.startswith(("http://", "https://")):
-            from transformers.image_utils import load_image as load_url
-
-            try:
-                return _rgb(load_url(text))
-            except Exception as error:
-                raise NotAnImageError(f"{text}: could not load an image ({error})") from error
+            return _decode_image(BytesIO(_download(text)), text)
         if media_kind(_existing(text)) != "image":
             raise UnsupportedMediaError(f"{text}: a video was given where an image is expected")
-        try:
-            with Image.open(text) as image:
-                return _rgb(ImageOps.exif_transpose(image))
-        except Image.DecompressionBombError as error:
-            raise NotAnImageError(f"{text}: too large to open safely ({error})") from error
-        except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
-            raise NotAnImageError(f"{text}: not a readable image ({error})") from error
+        return _decode_image(text, text)
     shown = repr(source)
     raise NotAnImageError(
         f"cannot make an image from {type(source).__name__} {shown if len(shown) <= 60 else shown[:57] + '...'}: "
         f"pass a path, an http(s) URL, a PIL image, an (H, W, C) array or a (C, H, W) tensor"
     )
+
+
+def _download(url: str) -> bytes:
+    """The bytes at `url`, fetched as `transformers` fetches image URLs."""
+    import httpx
+
+    try:
+        response = httpx.get(url, timeout=10.0, follow_redirects=True)
+        response.raise_for_status()
+    except httpx.HTTPError as error:
+        raise NotAnImageError(f"{url}: could not download an image ({error})") from error
+    return response.content
+
+
+def _decode_image(file: str | BytesIO, name: str) -> Image.Image:
+    """The image in `file` (a path or bytes), upright and in RGB; errors name it `name`."""
+    try:
+        with Image.open(file) as image:
+            return _rgb(_upright(image, name))
+    except Image.DecompressionBombError as error:
+        raise NotAnImageError(f"{name}: too large to open safely ({error})") from error
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
+        raise NotAnImageError(f"{name}: not a readable image ({error})") from error
+
+
+def _upright(image: Image.Image, name: str) -> Image.Image:
+    """The image turned by its EXIF orientation, as `transformers`' `load_image` turns it; as stored where the EXIF
+    block is malformed (Pillow raises several kinds of error on those)."""
+    try:
+        return ImageOps.exif_transpose(image)
+    except OSError:  # the pixels themselves cannot be read: not an EXIF problem
+        raise
+    except Exception as error:
+        warnings.warn(f"{name}: malformed EXIF data ({error!r}); the image is used as stored", stacklevel=4)
+        return image
 
 
 def _rgb(image: Image.Image) -> Image.Image:
@@ -158,9 +184,16 @@ def _rgb(image: Image.Image) -> Image.Image:
         values = np.asarray(image, dtype=np.float64)
         scale = 255.0 if values.size and values.min() >= 0 and values.max() <= 1 else 1.0
         image = Image.fromarray(np.clip(np.rint(values * scale), 0, 255).astype(np.uint8))
-    if image.mode == "RGB":
-        return image.copy()
-    return Image.fromarray(convert_to_rgb(image, return_numpy=True))
+    try:
+        return Image.fromarray(convert_to_rgb(image, return_numpy=True))
+    except ValueError as error:
+        raise NotAnImageError(f"cannot convert a PIL image of mode {image.mode} to RGB ({error})") from error
+
+
+def _numpy(tensor: torch.Tensor) -> np.ndarray:
+    """A tensor's values as an array (bfloat16, which numpy lacks, as float32)."""
+    tensor = tensor.detach().cpu()
+    return (tensor.float() if tensor.dtype == torch.bfloat16 else tensor).numpy()
 
 
 def _image_from_array(array: np.ndarray) -> Image.Image:
@@ -168,7 +201,11 @@ def _image_from_array(array: np.ndarray) -> Image.Image:
         array = array[..., None].repeat(3, axis=-1)
     if array.ndim != 3 or array.shape[-1] not in (1, 3, 4):
         raise NotAnImageError(f"an image array must be (H, W), (H, W, 3) or (H, W, 4); got shape {array.shape}")
-    if array.dtype != np.uint8:
+    if array.size == 0:
+        raise NotAnImageError(f"an image array with no pixels was given (shape {array.shape})")
+    if np.issubdtype(array.dtype, np.integer) and array.dtype != np.uint8 and array.max() > 255:
+        array = (np.clip(array, 0, 65535) >> 8).astype(np.uint8)  # 16-bit values keep their top 8 bits, as in files
+    elif array.dtype != np.uint8:
         array = np.clip(array * (255.0 if array.max() <= 1.0 else 1.0), 0, 255).astype(np.uint8)
     if array.shape[-1] == 1:
         array = array.repeat(3, axis=-1)
@@ -233,11 +270,15 @@ def load_video(
         request = dict(num_frames=num_frames, fps=fps, max_frames=max_frames, start=start, end=end)
         return _decode(str(source), request, sampling)
     if isinstance(source, torch.Tensor):
-        source = source.detach().cpu().numpy()
+        source = _numpy(source)
     if isinstance(source, (list, tuple)):
         if not source:
             raise NoFramesError("an empty list of frames was given as a video")
-        source = np.stack([np.asarray(load_image(frame)) for frame in source])
+        frames = [np.asarray(load_image(frame)) for frame in source]
+        if len({frame.shape for frame in frames}) > 1:
+            sizes = sorted({f"{frame.shape[1]}x{frame.shape[0]}" for frame in frames})
+            raise UnreadableVideoError(f"the frames of a video must share one size; got {', '.join(sizes)}")
+        source = np.stack(frames)
     if isinstance(source, np.ndarray):
         if source.ndim != 4 or source.shape[-1] != 3:
             raise UnreadableVideoError(f"a video array must have shape (T, H, W, 3); got {source.shape}")
@@ -269,7 +310,7 @@ def _decode(path: str, request: dict[str, Any], sampling: FrameSampling | None) 
         warnings.warn(
             f"{path}: the container states no usable frame rate ({native_fps:g} fps: a zero or broken time base); "
             f"assuming {DEFAULT_FPS:g} fps, so the times the model is told are guesses",
-            stacklevel=2,
+            stacklevel=3,
         )
         native_fps = DEFAULT_FPS
     try:
