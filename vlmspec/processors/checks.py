@@ -13,11 +13,11 @@ def check_prompts(prompt: Any) -> list[str]:
     """The prompts of a call: one string, or a non-empty list of strings, none of them empty."""
     prompts = [prompt] if isinstance(prompt, str) else prompt
     if not isinstance(prompts, (list, tuple)) or not prompts:
-        raise PromptTypeError(f"prompt must be a string or a non-empty list of strings, got {_shown(prompt)}")
+        raise PromptTypeError(f"prompt must be a string or a non-empty list of strings, got {shown_value(prompt)}")
     for i, text in enumerate(prompts):
         name = "prompt" if isinstance(prompt, str) else f"prompt[{i}]"
         if not isinstance(text, str):
-            raise PromptTypeError(f"{name} must be a string, got {_shown(text)}")
+            raise PromptTypeError(f"{name} must be a string, got {shown_value(text)}")
         if not text.strip():
             raise EmptyPromptError(f"{name} is empty: {text!r}")
     return list(prompts)
@@ -28,7 +28,7 @@ def check_count(name: str, value: Any, *, optional: bool = True) -> None:
     if value is None and optional:
         return
     if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
-        raise InvalidArgumentError(f"{name} must be a whole number of at least 1, got {_shown(value)}")
+        raise InvalidArgumentError(f"{name} must be a whole number of at least 1, got {shown_value(value)}")
 
 
 def check_rate(name: str, value: Any) -> None:
@@ -36,7 +36,7 @@ def check_rate(name: str, value: Any) -> None:
     if value is None:
         return
     if not _finite(value) or value <= 0:
-        raise InvalidArgumentError(f"{name} must be a number above 0, got {_shown(value)}")
+        raise InvalidArgumentError(f"{name} must be a number above 0, got {shown_value(value)}")
 
 
 def check_frame_request(
@@ -51,7 +51,7 @@ def check_frame_request(
         raise InvalidArgumentError(f"num_frames ({num_frames}) and fps ({fps}) are exclusive: pass one of them")
     for name, value in (("start", start), ("end", end)):
         if value is not None and (not _finite(value) or value < 0):
-            raise InvalidArgumentError(f"{name} must be a number of seconds at or after 0, got {_shown(value)}")
+            raise InvalidArgumentError(f"{name} must be a number of seconds at or after 0, got {shown_value(value)}")
     if start is not None and end is not None and end <= start:
         raise InvalidArgumentError(f"end ({end} s) must come after start ({start} s)")
 
@@ -76,6 +76,7 @@ def _finite(value: Any) -> bool:
     return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _shown(value: Any) -> str:
+def shown_value(value: Any) -> str:
+    """A value as error messages show it: its type and its repr, cut at 60 characters."""
     text = repr(value)
     return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"

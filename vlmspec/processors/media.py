@@ -24,7 +24,7 @@ from transformers.image_transforms import convert_to_rgb
 from transformers.video_utils import VideoMetadata
 
 from ..errors import MediaNotFoundError, NoFramesError, NotAnImageError, UnreadableVideoError, UnsupportedMediaError
-from .checks import check_frame_request
+from .checks import check_frame_request, shown_value
 from .frame_sampling import EvenSampling, FrameSampling
 
 IMAGE_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff"})
@@ -134,10 +134,9 @@ def load_image(source: Any) -> Image.Image:
         if media_kind(_existing(text)) != "image":
             raise UnsupportedMediaError(f"{text}: a video was given where an image is expected")
         return _decode_image(text, text)
-    shown = repr(source)
     raise NotAnImageError(
-        f"cannot make an image from {type(source).__name__} {shown if len(shown) <= 60 else shown[:57] + '...'}: "
-        f"pass a path, an http(s) URL, a PIL image, an (H, W, C) array or a (C, H, W) tensor"
+        f"cannot make an image from {shown_value(source)}: pass a path, an http(s) URL, a PIL image, an (H, W, C) "
+        f"array or a (C, H, W) tensor"
     )
 
 
