@@ -1,4 +1,8 @@
-"""Shared fixtures: per family one tiny target, three kinds of draft, and real preprocessed inputs."""
+"""Shared fixtures: per family one tiny target, three kinds of draft, and real preprocessed inputs.
+
+`pytest --device cuda` puts the families' models and inputs, the replica pairs the entry points load, and the
+captioning jobs on that device (default: the CPU).
+"""
 
 from __future__ import annotations
 
@@ -24,6 +28,36 @@ from vlmspec.testing import (
 # Under pytest-xdist each worker gets one core's worth of threads.
 torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
 
+#: The device the tests run models on, set from `--device` before any model is built.
+DEVICE = torch.device("cpu")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--device", default="cpu", help="where the tests run models and inputs (cpu, cuda, cuda:1, ...)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global DEVICE
+    DEVICE = torch.device(config.getoption("--device"))
+    if DEVICE.type == "cuda" and not torch.cuda.is_available():
+        raise pytest.UsageError("--device cuda was given but torch sees no CUDA device")
+
+
+def on_device(inputs: dict) -> dict:
+    """Model inputs with every tensor moved to the test device."""
+    return {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+
+
+def device_map() -> dict[str, str]:
+    """`device_map` for loading a saved pair onto the test device."""
+    return {"": str(DEVICE)}
+
+
+def device_flags() -> list[str]:
+    """The `--device` flag of the CLIs for the test device."""
+    return ["--device", str(DEVICE)]
+
+
 LONG_PROMPT = " ".join(
     ["Describe the image in detail: every shape, every colour, where each object is and how large it is."] * 6
 )
@@ -46,15 +80,21 @@ class Family:
 
     @cached_property
     def target(self):
-        return self.make_target()
+        return self.make_target().to(DEVICE)
 
     @cached_property
     def drafts(self):
         """The target itself, an independent random model, and a noisy copy of the target (partial acceptance)."""
-        return {"self": self.target, "independent": self.make_independent(), "noisy": noisy_copy(self.target, 0.05)}
+        independent = self.make_independent().to(DEVICE)
+        return {"self": self.target, "independent": independent, "noisy": noisy_copy(self.target, 0.05)}
 
     @cached_property
     def cases(self):
+        return {name: on_device(inputs) for name, inputs in self.cpu_cases.items()}
+
+    @cached_property
+    def cpu_cases(self):
+        """The cases as the processor returns them, on the CPU."""
         p = self.processor
         return {
             "text": chat_inputs(p, "Describe the image in detail."),
@@ -129,6 +169,12 @@ def cases(qwen):
 @pytest.fixture(scope="session")
 def reference(qwen):
     return qwen.reference
+
+
+@pytest.fixture(scope="session")
+def device() -> torch.device:
+    """The device of `--device`."""
+    return DEVICE
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import FAMILIES, save_pair
+from conftest import DEVICE, FAMILIES, device_flags, device_map, save_pair
 from media_files import write_image, write_video
 
 from vlmspec import SpeculativeVLM
@@ -23,6 +23,8 @@ from vlmspec.cli import EXIT_CONFIGURATION, EXIT_ERROR, main
 from vlmspec.output_lock import OutputLock
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+if DEVICE.type == "cpu":
+    ENV["CUDA_VISIBLE_DEVICES"] = ""
 NAMES = ["a.png", "c_broken.mp4", "b.mp4", "d.jpg", "extra.webp"]
 SETTINGS = CaptionSettings(num_frames=4, max_new_tokens=8)
 
@@ -52,9 +54,11 @@ CLI = [sys.executable, "-m", "vlmspec.cli"]
 SHARDED = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "vlmspec.cli"]
 
 
-def caption_args(pair, inputs, out, *extra, max_new_tokens=12) -> list[str]:
-    """`vlmspec caption` arguments for the saved tiny pair."""
+def caption_args(pair, inputs, out, *extra, max_new_tokens=12, sharded=False) -> list[str]:
+    """`vlmspec caption` arguments for the saved tiny pair, on the test device unless the launcher places it."""
     model = ["--model", pair[0], "--draft", pair[1], "--max-new-tokens", str(max_new_tokens)]
+    if not sharded:
+        model += device_flags()
     return ["caption", *inputs, "--out", str(out), *model, "--num-frames", "4", "--no-progress", *extra]
 
 
@@ -106,7 +110,8 @@ def test_a_file_the_processor_rejects_is_recorded_and_the_run_carries_on(pair, t
     write_image(folder / "a_thin.png", size=(2, 500))
     write_image(folder / "b.png", seed=1)
     out = tmp_path / "captions.jsonl"
-    run_captioning(lambda state: load_pair(*pair), [str(folder)], out, SETTINGS, progress=False)
+    spec = load_pair(*pair, device_map=device_map())
+    run_captioning(lambda state: spec, [str(folder)], out, SETTINGS, progress=False)
     thin, fine = read_records(out)
     assert thin["error_type"] == "MediaRejectedError" and "aspect ratio" in thin["error"]
     assert thin["path"] in thin["error"]
@@ -115,7 +120,7 @@ def test_a_file_the_processor_rejects_is_recorded_and_the_run_carries_on(pair, t
 
 def test_a_model_error_stops_the_job_keeping_the_records_and_a_resume_retries_that_input(pair, collection, tmp_path):
     out = tmp_path / "captions.jsonl"
-    spec = load_pair(*pair)
+    spec = load_pair(*pair, device_map=device_map())
     failing = OutOfMemoryOnVideos(spec.target, spec.draft, vocab_size=spec.vocab_size, processor=spec.processor)
     with pytest.raises(CaptioningStopped) as stopped:
         run_captioning(lambda state: failing, collection, out, SETTINGS, progress=False)
@@ -267,7 +272,7 @@ def test_two_processes_under_accelerate_shard_and_merge(pair, collection, tmp_pa
     """Both processes exit 1 (the corrupt video is an error of the run, whichever shard recorded it), after the
     merge."""
     out = tmp_path / "captions.jsonl"
-    command = SHARDED + caption_args(pair, collection, out, max_new_tokens=8)
+    command = SHARDED + caption_args(pair, collection, out, max_new_tokens=8, sharded=True)
     env = {**ENV, "ACCELERATE_USE_CPU": "1"}
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == EXIT_ERROR, result.stderr
@@ -281,7 +286,7 @@ def test_a_locked_output_stops_every_process_of_a_sharded_run(pair, collection, 
     lock = OutputLock(out)
     assert lock.acquire()
     try:
-        command = SHARDED + caption_args(pair, collection, out, max_new_tokens=8)
+        command = SHARDED + caption_args(pair, collection, out, max_new_tokens=8, sharded=True)
         env = {**ENV, "ACCELERATE_USE_CPU": "1"}
         result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     finally:

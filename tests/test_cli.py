@@ -131,6 +131,16 @@ def test_out_of_range_settings_are_refused_before_loading(pair, flags, capsys):
     assert code == EXIT_CONFIGURATION and flags[0] in err
 
 
+def test_an_unknown_device_is_refused_naming_the_flag(pair, capsys):
+    code, err = exit_code(capsys, generate_text(pair, "--device", "gpu7"))
+    assert code == EXIT_CONFIGURATION and "--device 'gpu7'" in err
+
+
+def test_device_flag_places_the_pair(pair, capsys):
+    assert printed(capsys, generate_text(pair, "--device", "cpu", max_new_tokens=4))
+    assert load_pair(pair[0], pair[1], device_map={"": "cpu"}).target.device.type == "cpu"
+
+
 def test_a_missing_image_exits_1_with_its_message(pair, tmp_path, capsys):
     code, err = exit_code(capsys, generate_text(pair, "--image", str(tmp_path / "missing.png")))
     assert code == EXIT_ERROR and "MediaNotFoundError" in err and "missing.png" in err

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import CASES, DRAFTS
+from conftest import CASES, DEVICE, DRAFTS, on_device
 
 from vlmspec import SpeculativeVLM
 from vlmspec.adapters import adapter_for
@@ -68,16 +68,25 @@ def test_noisy_draft_is_accepted_only_partially(target, drafts, cases):
 def test_text_after_a_long_clip_goes_on_from_the_last_prompt_position(family):
     """A clip of many small frames and a short question: the video's temporal positions end above the question's,
     and the token after the prompt must still see the logits a full forward over prompt + token gives."""
-    inputs = chat_inputs(family.processor, "Why?", video=sample_frames(4, num_frames=32, size=(28, 28)))
+    inputs = on_device(chat_inputs(family.processor, "Why?", video=sample_frames(4, num_frames=32, size=(28, 28))))
     adapter = adapter_for(family.target)
     positions = adapter.prompt_positions(inputs)
     if family.name.startswith("qwen2_5"):
         assert int(positions[..., -1].max()) < int(positions.max())
-    token = torch.tensor([7])
+    token = torch.tensor([7], device=DEVICE)
     extended = extend_inputs(inputs, (7,))
     with torch.inference_mode():
         full = family.target(**extended).logits[0, -1]
         runner = ModelRunner(adapter)
         runner.prefill(inputs)
-        decoded = runner.forward(token, torch.zeros(1, dtype=torch.long), runner.causal_bias(1), runner.length)[0]
+        depth = torch.zeros(1, dtype=torch.long, device=DEVICE)
+        decoded = runner.forward(token, depth, runner.causal_bias(1), runner.length)[0]
     torch.testing.assert_close(decoded, full, rtol=1e-4, atol=1e-4)
+
+
+def test_processor_outputs_on_the_cpu_decode_on_the_models_device(qwen):
+    """Inputs as the processor returns them (on the CPU), a `min_new_tokens` processor, models on the test device."""
+    spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"])
+    settings = dict(do_sample=False, max_new_tokens=16, min_new_tokens=12)
+    expected = qwen.target.generate(**qwen.cases["image"], **settings)
+    assert torch.equal(spec.generate(**qwen.cpu_cases["image"], **settings).cpu(), expected.cpu())

@@ -15,6 +15,7 @@ from functools import cache
 import pytest
 import torch
 import transformers
+from conftest import DEVICE, device_flags, device_map, on_device
 
 import vlmspec
 from vlmspec import SpeculativeVLM
@@ -50,8 +51,8 @@ def reference(replica_pairs, image_path):
 
     @cache
     def compute(family: str) -> tuple[torch.Tensor, str]:
-        spec = load_pair(*replica_pairs[family])
-        inputs = chat_inputs(spec.processor, PROMPT, images=[load_image(image_path)])
+        spec = load_pair(*replica_pairs[family], device_map=device_map())
+        inputs = on_device(chat_inputs(spec.processor, PROMPT, images=[load_image(image_path)]))
         ids = spec.target.generate(**inputs, max_new_tokens=NEW_TOKENS, **greedy_override(family))
         new = ids[0, inputs["input_ids"].shape[1] :]
         return new, spec.processor.tokenizer.decode(new, skip_special_tokens=True)
@@ -63,7 +64,13 @@ def reference(replica_pairs, image_path):
 def test_vlmspec_generate_returns_the_targets_own_text(replica_pairs, image_path, reference, family):
     target, draft = replica_pairs[family]
     text = vlmspec.generate(
-        PROMPT, images=image_path, model=target, draft=draft, max_new_tokens=NEW_TOKENS, **greedy_override(family)
+        PROMPT,
+        images=image_path,
+        model=target,
+        draft=draft,
+        max_new_tokens=NEW_TOKENS,
+        device_map=device_map(),
+        **greedy_override(family),
     )
     assert text == reference(family)[1]
 
@@ -76,7 +83,9 @@ def test_vlmspec_generate_samples_the_released_config_the_same_for_the_same_seed
 
     def sample(seed: int) -> str:
         torch.manual_seed(seed)
-        return vlmspec.generate(PROMPT, images=image_path, model=target, draft=draft, max_new_tokens=NEW_TOKENS)
+        return vlmspec.generate(
+            PROMPT, images=image_path, model=target, draft=draft, max_new_tokens=NEW_TOKENS, device_map=device_map()
+        )
 
     text = sample(0)
     assert text != reference(family)[1]
@@ -86,7 +95,7 @@ def test_vlmspec_generate_samples_the_released_config_the_same_for_the_same_seed
 @pytest.fixture(scope="module")
 def from_pretrained(replica_pairs):
     """`SpeculativeVLM.from_pretrained(target_dir, draft_dir)` per family, loaded once."""
-    return cache(lambda family: SpeculativeVLM.from_pretrained(*replica_pairs[family]))
+    return cache(lambda family: SpeculativeVLM.from_pretrained(*replica_pairs[family], device_map=device_map()))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -99,11 +108,14 @@ def test_from_pretrained_generate_equals_the_targets_generate(from_pretrained, i
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_wrapped_transformers_models_decode_like_the_target(replica_pairs, image_path, reference, family):
+    """Models loaded by `transformers`, wrapped, then moved to the test device: inputs follow the models."""
     loaded = []
     for directory in replica_pairs[family]:
         model_class = getattr(transformers, transformers.AutoConfig.from_pretrained(directory).architectures[0])
         loaded.append(model_class.from_pretrained(directory, dtype=torch.float32))
     spec = SpeculativeVLM(target=loaded[0], draft=loaded[1])
+    spec.target.to(DEVICE)
+    spec.draft.to(DEVICE)
     inputs = chat_inputs(load_processor(replica_pairs[family][0]), PROMPT, images=[load_image(image_path)])
     ids = spec.generate(**inputs, max_new_tokens=NEW_TOKENS, **greedy_override(family))
     assert torch.equal(ids[0, inputs["input_ids"].shape[1] :], reference(family)[0])
@@ -116,7 +128,7 @@ def pipelines(replica_pairs):
     @cache
     def build(family: str):
         target, draft = replica_pairs[family]
-        pipe = vlmspec.pipeline("image-text-to-text", model=target, draft_model=draft)
+        pipe = vlmspec.pipeline("image-text-to-text", model=target, draft_model=draft, device_map=device_map())
         plain = transformers.pipeline("image-text-to-text", model=pipe.model, processor=pipe.processor)
         return pipe, plain
 
@@ -158,7 +170,7 @@ def test_pipeline_answers_a_video_turn_like_the_target(pipelines, family):
         {"role": "user", "content": [{"type": "video", "video": frames}, {"type": "text", "text": "What happens?"}]}
     ]
     answer = pipe(text=turn, return_full_text=False, max_new_tokens=NEW_TOKENS, generate_kwargs=greedy_override(family))
-    inputs = chat_inputs(pipe.visual_inputs, "What happens?", video=frames)
+    inputs = on_device(chat_inputs(pipe.visual_inputs, "What happens?", video=frames))
     ids = pipe.model.generate(**inputs, max_new_tokens=NEW_TOKENS, **greedy_override(family))
     expected = pipe.tokenizer.decode(ids[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
     assert answer[0]["generated_text"] == expected
@@ -180,7 +192,7 @@ def test_pipeline_samples_the_released_config_the_same_for_the_same_seed(pipelin
 
 def _cli_pair(family: str, replica_pairs) -> list[str]:
     target, draft = replica_pairs[family]
-    return ["--model", target, "--draft", draft, "--max-new-tokens", str(NEW_TOKENS)]
+    return ["--model", target, "--draft", draft, "--max-new-tokens", str(NEW_TOKENS), *device_flags()]
 
 
 def _cli_flags(family: str, replica_pairs) -> list[str]:

@@ -93,7 +93,7 @@ def _always_first_child(
     tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A wrong rule: accept the first child of every node (if the target gives it any mass), then sample."""
-    first_child = torch.ones(tree.size, dtype=torch.bool)
+    first_child = torch.ones(tree.size, dtype=torch.bool, device=tree.tokens.device)
     seen: set[int] = set()
     for node in range(1, tree.size):
         parent = int(tree.parents[node])

@@ -39,6 +39,11 @@ def load_pair(model: str | None = None, draft: str | None = None, **load_kwargs:
     return _PAIRS[key]
 
 
+def default_device_map() -> dict[str, str] | None:
+    """The whole pair on the first GPU when one is visible; None (the CPU) otherwise."""
+    return {"": "cuda:0"} if torch.cuda.is_available() else None
+
+
 def generate(
     prompt: str | list[str],
     images: Any = None,
@@ -72,6 +77,8 @@ def generate(
     result is then a list. Videos are sampled with `num_frames`, or `fps` capped by `max_frames`, between `start`
     and `end` seconds. Other keyword arguments go to `SpeculativeVLM.generate` (e.g. `min_new_tokens`, `temperature`).
 
+    The pair goes where `device_map` says; by default onto the first GPU when one is visible, else the CPU.
+
     Arguments are checked before any model loads; bad ones and bad media raise the `VLMSpecError` of their kind,
     naming the argument or file.
     """
@@ -82,7 +89,7 @@ def generate(
         model,
         draft,
         torch_dtype=torch_dtype,
-        device_map=device_map,
+        device_map=default_device_map() if device_map is None else device_map,
         target_quantization=target_quantization,
         draft_quantization=draft_quantization,
     )

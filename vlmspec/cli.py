@@ -34,6 +34,18 @@ def load_options(args: argparse.Namespace) -> dict[str, Any]:
     return {"model": args.model, "draft": args.draft, "torch_dtype": args.dtype}
 
 
+def device_map_for(device: Any) -> dict[str, str]:
+    """The whole pair on `device`, checked: an unknown device is an `InvalidArgumentError` naming `--device`."""
+    import torch
+
+    from .errors import InvalidArgumentError
+
+    try:
+        return {"": str(torch.device(device))}
+    except RuntimeError as error:
+        raise InvalidArgumentError(f"--device {device!r} is not a device ({error})") from None
+
+
 def generation_options(args: argparse.Namespace) -> dict[str, Any]:
     """The generation settings given on the command line; every other one stays the model's generation config."""
     return {name: getattr(args, name) for name in GENERATION_FLAGS if getattr(args, name, None) is not None}
@@ -69,6 +81,7 @@ def _generate(args: argparse.Namespace) -> None:
             end=args.end,
             policy=args.policy,
             **load_options(args),
+            **({} if args.device is None else {"device_map": device_map_for(args.device)}),
             **generation_options(args),
             **({} if args.seed is None else {"generator": torch.Generator().manual_seed(args.seed)}),
         )
@@ -82,9 +95,17 @@ def _generate(args: argparse.Namespace) -> None:
 def _caption(args: argparse.Namespace) -> None:
     from .api import load_pair
     from .captioning import CONFIGURATION_ERRORS, CaptioningStopped, CaptionSettings, run_captioning
+    from .errors import InvalidArgumentError
 
     def spec_factory(state):
-        device_map = None if state.device.type == "cpu" else {"": str(state.device)}
+        if args.device is not None and state.num_processes > 1:
+            raise InvalidArgumentError(
+                f"--device {args.device} names one device for {state.num_processes} processes: leave it out, and "
+                "the launcher gives each process its own"
+            )
+        device_map = device_map_for(state.device if args.device is None else args.device)
+        if device_map[""] == "cpu":
+            device_map = None
         return load_pair(**load_options(args), device_map=device_map).with_options(args.policy)
 
     settings = CaptionSettings(
@@ -185,6 +206,9 @@ def _add_pair_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="target: hub id or directory (default: the demo pair)")
     parser.add_argument("--draft", help="draft: hub id or directory")
     parser.add_argument("--dtype", choices=DTYPES, help="the pair's dtype (default: vlmspec's loading default)")
+    parser.add_argument(
+        "--device", help="where the pair runs, e.g. cuda:1 or cpu (default: the first GPU if one is visible, else CPU)"
+    )
     parser.add_argument("--policy", default="sage", choices=POLICIES)
 
 

@@ -11,6 +11,10 @@ class UnsupportedModelError(VLMSpecError, TypeError):
     """The model class has no adapter (vlmspec does not know how to prefill or position its tokens)."""
 
 
+class UnsupportedAttentionError(VLMSpecError, ValueError):
+    """A model loaded with an attention implementation that cannot apply a tree mask (`flash_attention_2`)."""
+
+
 class VocabularyMismatchError(VLMSpecError, ValueError):
     """The draft and target do not map the same token ids to the same tokens."""
 

@@ -14,7 +14,7 @@ from .engine.runner import ModelRunner
 from .engine.stats import SpecStats
 from .errors import BatchSizeError, VocabularyMismatchError
 from .hf.generation import resolve_generation
-from .loading import Quantization, check_tokenizers, load_model
+from .loading import Quantization, check_model_attention, check_tokenizers, load_model
 from .policies import SageConfig, TreePolicy, resolve_policy
 from .processors import load_processor
 from .pruning import PruningConfig, resolve_pruning
@@ -80,6 +80,8 @@ class SpeculativeVLM:
         vocab_size: int | None = None,
         processor: Any = None,
     ):
+        check_model_attention(target, "target")
+        check_model_attention(draft, "draft")
         self.target = target
         self.draft = draft
         self.processor = processor
@@ -195,11 +197,22 @@ class SpeculativeVLM:
         if mask is not None and not bool(mask.all()):
             raise BatchSizeError("attention_mask has padding; pass a single unpadded sequence")
         return_dict = kwargs.pop("return_dict_in_generate", None)
-        settings = resolve_generation(self.target, generation_config, kwargs, input_ids, dict(model_inputs), generator)
+        # The models may have moved since they were wrapped (`spec.target.cuda()`); inputs follow them, and the
+        # logits processors are built where the target's logits are.
+        self._target_runner.refresh()
+        self._draft_runner.refresh()
+        device = self._target_runner.device
         model_inputs["input_ids"] = input_ids
-        target_inputs = _to_device(model_inputs, self._target_runner.device)
+        target_inputs = _to_device(model_inputs, device)
         draft_inputs = _to_device(model_inputs, self._draft_runner.device)
-        settings.eos_token_ids = settings.eos_token_ids.to(self._target_runner.device)
+        settings = resolve_generation(
+            self.target,
+            generation_config,
+            kwargs,
+            target_inputs["input_ids"],
+            {k: v for k, v in target_inputs.items() if k != "input_ids"},
+            on_device(generator, device),
+        )
         if streamer is not None and settings.num_sequences > 1:
             raise ValueError("a streamer follows one sequence: pass num_return_sequences=1 to stream")
         continuations, self.last_stats = self._decoder.run(target_inputs, draft_inputs, settings, streamer)
@@ -226,6 +239,16 @@ def _pad(sequences: list[torch.Tensor], pad_token_id: int | None) -> torch.Tenso
     for i, s in enumerate(sequences):
         padded[i, : s.shape[1]] = s[0]
     return padded
+
+
+def on_device(generator: torch.Generator | None, device: torch.device) -> torch.Generator | None:
+    """A generator on `device` for sampling where the logits are: `generator` itself if it is there already, else
+    one seeded by a draw from it, so the same seed still gives the same output and no step copies a
+    vocabulary-sized row to the generator's device."""
+    if generator is None or torch.device(generator.device) == torch.device(device):
+        return generator
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
+    return torch.Generator(device=device).manual_seed(seed)
 
 
 def _to_device(inputs: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:

@@ -27,7 +27,8 @@ def resolve_generation(
 ) -> DecodeSettings:
     """Merge `generation_config`, the target's own config and `kwargs`; refuse what vlmspec cannot honour exactly.
 
-    Sampling draws from `generator`, or from the global RNG as `generate` does.
+    Sampling draws from `generator`, or from the global RNG as `generate` does. `input_ids` and `model_kwargs`
+    must sit on the target's device: the processors keep tensors (EOS ids, banned ids) on the device they are built on.
     """
     has_default_max_length = (
         kwargs.get("max_length") is None
@@ -69,7 +70,7 @@ def resolve_generation(
     eos, pad = config._eos_token_tensor, config._pad_token_tensor
     return DecodeSettings(
         max_new_tokens=max(0, max_new_tokens),
-        eos_token_ids=torch.empty(0, dtype=torch.long) if eos is None else eos.flatten(),
+        eos_token_ids=torch.empty(0, dtype=torch.long, device=input_ids.device) if eos is None else eos.flatten(),
         sampler=TargetSampler(NodeProcessing(target_processors), bool(config.do_sample), generator),
         draft_processing=NodeProcessing(draft_processors) if draft_processors else None,
         num_sequences=config.num_return_sequences or 1,

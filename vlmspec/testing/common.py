@@ -28,7 +28,8 @@ def noisy_copy(model: torch.nn.Module, scale: float = 0.02, seed: int = 0) -> to
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in clone.parameters():
-            p.add_(torch.randn(p.shape, generator=generator) * scale * (p.std() if p.numel() > 1 else 1.0))
+            noise = torch.randn(p.shape, generator=generator).to(p.device)
+            p.add_(noise * scale * (p.std() if p.numel() > 1 else 1.0))
     clone.generation_config = model.generation_config
     return clone
 
