@@ -22,24 +22,33 @@ POLICIES = ("chain", "static-tree", "sage", "sage-gt")
 
 
 class ForwardClock:
-    """Wall time spent inside the forwards of the given models (nested calls counted once)."""
+    """Wall time spent inside the forwards of the given models (nested calls counted once); with `synchronize`
+    (on a GPU: `torch.cuda.synchronize`) the clock waits for the device at each entry and exit, so a forward's time
+    is its kernels' and not only their launch."""
 
-    def __init__(self, *models: torch.nn.Module):
+    def __init__(self, *models: torch.nn.Module, synchronize=None):
         self.seconds = 0.0
+        self.calls = 0
         self._depth = 0
         self._started = 0.0
+        self._synchronize = synchronize
         for model in {id(m): m for m in models}.values():
             model.register_forward_pre_hook(self._enter)
             model.register_forward_hook(self._leave)
 
     def _enter(self, *_) -> None:
         if self._depth == 0:
+            if self._synchronize is not None:
+                self._synchronize()
             self._started = time.perf_counter()
+            self.calls += 1
         self._depth += 1
 
     def _leave(self, *_) -> None:
         self._depth -= 1
         if self._depth == 0:
+            if self._synchronize is not None:
+                self._synchronize()
             self.seconds += time.perf_counter() - self._started
 
 

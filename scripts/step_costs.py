@@ -1,0 +1,308 @@
+"""What a decoding step costs at the released sizes, on random-weight models built from the released configs.
+
+Per pair (Qwen2.5-VL-7B + 3B, Qwen3-VL-8B + 2B, LLaVA-OneVision 7b + 0.5b, as the README pairs them) it prints:
+plain `generate` ms per token; the target's verification ms for trees of --nodes nodes over a cache of each of
+--contexts tokens; the draft's ms per tree level of --widths tokens; vlmspec's own ms per step outside the two
+models' forwards, per policy; HF assisted generation's ms per step on the same pair; and, stated as a projection,
+each policy's speedup over plain `generate` with the acceptance lengths the SAGE paper reports for the family.
+Prompts are random text tokens (a cache of L tokens costs the same whatever filled it); every run is greedy.
+Forwards run eager: the engine has no compiled path.
+
+Usage, on a GPU: .venv/bin/python scripts/step_costs.py --device cuda [--pairs qwen2_5_vl,qwen3_vl,llava_onevision]
+At the replicas' tiny sizes on the CPU: --scale tiny --device cpu --dtype float32 --contexts 64,128
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+import transformers
+from overhead import ForwardClock
+from transformers import AutoConfig, PreTrainedModel
+
+from vlmspec import SpeculativeVLM
+from vlmspec.adapters import adapter_for
+from vlmspec.engine.runner import ModelRunner
+from vlmspec.engine.tree import DraftTree, additive_mask
+from vlmspec.engine.verify import verify_tree
+from vlmspec.testing import REPLICA_PAIRS, replica_config
+from vlmspec.testing.released_files import RELEASED
+
+PAIRS = ("qwen2_5_vl", "qwen3_vl", "llava_onevision")
+POLICIES = ("chain", "static-tree", "sage")
+#: Acceptance lengths tau on VideoDetailedCaption in the SAGE paper: Table 2 (Qwen2.5-VL 72B-7B), Table 3
+#: (Qwen3-VL 235B-A22B with an 8B draft; no chain reported) and Table 1 (LLaVA-OneVision 72B-8B).
+PAPER_TAU = {
+    "qwen2_5_vl": {"chain": 3.67, "static-tree": 4.18, "sage": 5.18},
+    "qwen3_vl": {"static-tree": 3.58, "sage": 4.39},
+    "llava_onevision": {"chain": 3.10, "static-tree": 4.21, "sage": 5.74},
+}
+#: The step each policy takes in the projection: the widths of its draft forwards (the pending tokens, then every
+#: level but the last) and the nodes it verifies, root included. Chain: 5 tokens; static tree: SpecVLM's 25 nodes
+#: in levels of 4, 8, 8, 3, 2; SAGE at its caps (D_max 8, N_max 64).
+PROJECTED_STEPS = {
+    "chain": ([2, 1, 1, 1, 1], 6),
+    "static-tree": ([2, 4, 8, 8, 3], 26),
+    "sage": ([2, 9, 9, 9, 9, 9, 9, 9], 64),
+}
+#: Token ids below every special token of the Qwen2 tokenizers, for random prompts and trees.
+REGULAR_IDS = 150000
+
+
+def synchronizer(device: torch.device) -> Callable[[], None] | None:
+    return torch.cuda.synchronize if device.type == "cuda" else None
+
+
+def timed(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
+    """Median milliseconds of `fn()` over `repeats` runs, after one warm-up, waiting for the device each time."""
+    sync = synchronizer(device) or (lambda: None)
+    fn()
+    sync()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times)
+
+
+def build(checkpoint: str, scale: str, device: torch.device, dtype: torch.dtype) -> PreTrainedModel:
+    """A random-weight model of `checkpoint`'s released config (`scale="tiny"`: the replica's sizes), on `device`."""
+    config_json = RELEASED[checkpoint]["config.json"] if scale == "released" else replica_config(checkpoint)
+    with tempfile.TemporaryDirectory() as directory:
+        (Path(directory) / "config.json").write_text(json.dumps(config_json))
+        config = AutoConfig.from_pretrained(directory)
+    model_class = getattr(transformers, config_json["architectures"][0])
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = model_class._from_config(config, dtype=dtype)
+    return model.eval()
+
+
+def random_ids(length: int, device: torch.device, seed: int = 0) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, REGULAR_IDS, (1, length), generator=generator).to(device)
+
+
+def k_ary_tree(n: int, device: torch.device, k: int = 4) -> DraftTree:
+    """A tree of `n` nodes (root included) in which every node has up to `k` children, level by level."""
+    parents = [-1] + [(i - 1) // k for i in range(1, n)]
+    ancestors = torch.eye(n, dtype=torch.bool)
+    depths = [0] * n
+    for i in range(1, n):
+        ancestors[i] |= ancestors[parents[i]]
+        depths[i] = depths[parents[i]] + 1
+    return DraftTree(
+        tokens=random_ids(n, device, seed=n)[0],
+        parents=torch.tensor(parents, device=device),
+        depths=torch.tensor(depths, device=device),
+        log_probs=torch.zeros(n, device=device),
+        ancestors=ancestors.to(device),
+    )
+
+
+def prefilled(model: PreTrainedModel, context: int) -> ModelRunner:
+    runner = ModelRunner(adapter_for(model))
+    runner.prefill({"input_ids": random_ids(context, runner.device)})
+    return runner
+
+
+def verification_ms(model: PreTrainedModel, context: int, nodes: list[int], repeats: int) -> list[float]:
+    """The target's forward over a tree of each size in `nodes`, after a cache of `context` tokens."""
+    runner = prefilled(model, context)
+    start, nothing = runner.length, torch.empty(0, dtype=torch.long, device=runner.device)
+    result = []
+    for n in nodes:
+        tree = k_ary_tree(n, runner.device)
+
+        def step(tree: DraftTree = tree) -> None:
+            verify_tree(runner, tree)
+            runner.keep(start, nothing)
+
+        result.append(timed(step, runner.device, repeats))
+    return result
+
+
+def level_ms(model: PreTrainedModel, context: int, widths: list[int], repeats: int) -> list[float]:
+    """The draft's forward over one tree level of each width in `widths`, after a cache of `context` tokens."""
+    runner = prefilled(model, context)
+    start, nothing = runner.length, torch.empty(0, dtype=torch.long, device=runner.device)
+    result = []
+    for width in widths:
+        tokens = random_ids(width, runner.device, seed=width)[0]
+        depths = torch.ones(width, dtype=torch.long, device=runner.device)
+        visible = torch.eye(width, dtype=torch.bool, device=runner.device)
+
+        def level(tokens: torch.Tensor = tokens, depths: torch.Tensor = depths, visible: torch.Tensor = visible):
+            runner.forward(tokens, depths, additive_mask(runner.length, visible, runner.dtype), start)
+            runner.keep(start, nothing)
+
+        result.append(timed(level, runner.device, repeats))
+    return result
+
+
+def generate_ms(model: PreTrainedModel, ids: torch.Tensor, new_tokens: int, repeats: int, **kwargs) -> float:
+    settings = dict(do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kwargs)
+    return timed(lambda: model.generate(input_ids=ids, **settings), ids.device, repeats)
+
+
+def ar_ms_per_token(model: PreTrainedModel, context: int, new_tokens: int, repeats: int) -> float:
+    """Plain `generate`'s ms per token after a prompt of `context` tokens (its prefill taken out)."""
+    ids = random_ids(context, model.device)
+    return (generate_ms(model, ids, new_tokens, repeats) - generate_ms(model, ids, 1, repeats)) / (new_tokens - 1)
+
+
+def assisted_ms_per_step(
+    target: PreTrainedModel, draft: PreTrainedModel, context: int, new_tokens: int, repeats: int
+) -> float | str:
+    """HF assisted generation's ms per target forward after a prompt of `context` tokens (its prefill taken out)."""
+    ids = random_ids(context, target.device)
+    clock = ForwardClock(target)
+    try:
+        total = generate_ms(target, ids, new_tokens, repeats, assistant_model=draft)
+    except (ValueError, TypeError, RuntimeError) as error:
+        return f"refused: {str(error).splitlines()[0][:80]}"
+    steps = clock.calls / (repeats + 1) - 1
+    return (total - generate_ms(target, ids, 1, repeats)) / max(1.0, steps)
+
+
+def own_ms_per_step(
+    target: PreTrainedModel, draft: PreTrainedModel, policy: str, context: int, new_tokens: int, repeats: int
+) -> tuple[float, float]:
+    """vlmspec's ms per step outside both models' forwards (the forwards timed to the device), and its steps."""
+    spec = SpeculativeVLM(target, draft, policy=policy, pruning=None)
+    ids = random_ids(context, target.device)
+    clock = ForwardClock(target, draft, synchronize=synchronizer(target.device))
+    settings = dict(input_ids=ids, do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens)
+    spec.generate(**settings)
+    own, steps = [], 0
+    for _ in range(repeats):
+        clock.seconds = 0.0
+        start = time.perf_counter()
+        spec.generate(**settings)
+        wall = time.perf_counter() - start
+        steps = spec.last_stats.iterations
+        own.append(1000 * (wall - clock.seconds) / max(1, steps))
+    return statistics.median(own), steps
+
+
+def report_pair(name: str, args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> dict:
+    pair = REPLICA_PAIRS[name]
+    target = build(pair.target, args.scale, device, dtype)
+    draft = build(pair.draft, args.scale, device, dtype)
+    contexts, nodes, widths = args.contexts, args.nodes, args.widths
+    rows = {}
+    for context in contexts:
+        rows[context] = {
+            "ar_ms_per_token": ar_ms_per_token(target, context, args.new_tokens, args.repeats),
+            "verify_ms": verification_ms(target, context, nodes, args.repeats),
+            "draft_level_ms": level_ms(draft, context, widths, args.repeats),
+            "hf_assisted_ms_per_step": assisted_ms_per_step(target, draft, context, args.new_tokens, args.repeats),
+        }
+    own = {p: own_ms_per_step(target, draft, p, contexts[0], args.new_tokens, args.repeats) for p in POLICIES}
+    for row in rows.values():
+        row["projection"] = {
+            policy: dict(zip(("ms_per_step", "speedup"), values, strict=True))
+            for policy, values in projection(name, row, nodes, widths, own).items()
+        }
+    del target, draft
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return {"contexts": rows, "own_ms_per_step": {p: {"ms": o[0], "steps": o[1]} for p, o in own.items()}}
+
+
+def projection(name: str, row: dict, nodes: list[int], widths: list[int], own: dict) -> dict:
+    """Per policy: projected ms per step (its drafting and verification interpolated from the measured costs, plus
+    its measured own time) and speedup `(1 + tau) * generate ms per token / ms per step` at the paper's tau."""
+    taus = PAPER_TAU[name]
+    result = {}
+    for policy, (level_widths, verified) in PROJECTED_STEPS.items():
+        drafting = sum(float(np.interp(w, widths, row["draft_level_ms"])) for w in level_widths)
+        step = drafting + float(np.interp(verified, nodes, row["verify_ms"])) + own[policy][0]
+        speedup = (1 + taus[policy]) * row["ar_ms_per_token"] / step if policy in taus else None
+        result[policy] = (step, speedup)
+    return result
+
+
+def markdown(name: str, result: dict, args: argparse.Namespace) -> str:
+    pair = REPLICA_PAIRS[name]
+    lines = [f"## {pair.target} + {pair.draft} ({args.scale} sizes, {args.dtype}, {args.device}, eager)", ""]
+    lines += [
+        "| context | generate ms/token | "
+        + " | ".join(f"verify {n} ms" for n in args.nodes)
+        + " | "
+        + " | ".join(f"draft level {w} ms" for w in args.widths)
+        + " | HF assisted ms/step |",
+        "| --- " * (3 + len(args.nodes) + len(args.widths)) + "|",
+    ]
+    for context, row in result["contexts"].items():
+        assisted = row["hf_assisted_ms_per_step"]
+        lines.append(
+            f"| {context} | {row['ar_ms_per_token']:.2f} | "
+            + " | ".join(f"{v:.2f}" for v in row["verify_ms"] + row["draft_level_ms"])
+            + f" | {assisted if isinstance(assisted, str) else f'{assisted:.2f}'} |"
+        )
+    lines += ["", f"vlmspec's own ms per step outside the forwards (context {args.contexts[0]}):", ""]
+    lines += ["| policy | ms/step | steps |", "| --- | --- | --- |"]
+    lines += [f"| {p} | {o['ms']:.2f} | {o['steps']} |" for p, o in result["own_ms_per_step"].items()]
+    taus = PAPER_TAU[name]
+    lines += ["", "Projection at the SAGE paper's tau (" + ", ".join(f"{p} {t}" for p, t in taus.items()) + "):", ""]
+    lines += ["| context | " + " | ".join(f"{p} ms/step | {p} speedup" for p in POLICIES) + " |"]
+    lines += ["| --- " * (1 + 2 * len(POLICIES)) + "|"]
+    for context, row in result["contexts"].items():
+        cells = []
+        for policy in POLICIES:
+            projected = row["projection"][policy]
+            speedup = "n/a" if projected["speedup"] is None else f"{projected['speedup']:.2f}x"
+            cells += [f"{projected['ms_per_step']:.2f}", speedup]
+        lines.append(f"| {context} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _ints(text: str) -> list[int]:
+    return [int(v) for v in text.split(",")]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=lambda t: t.split(","), default=list(PAIRS), help="families, comma-separated")
+    parser.add_argument("--scale", choices=["released", "tiny"], default="released")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
+    parser.add_argument("--contexts", type=_ints, default=[1024, 8192, 16384], help="cache lengths in tokens")
+    parser.add_argument("--nodes", type=_ints, default=[1, 4, 16, 32, 64], help="verified tree sizes")
+    parser.add_argument("--widths", type=_ints, default=[1, 2, 4, 8, 16], help="draft level widths")
+    parser.add_argument("--new-tokens", type=int, default=64, help="tokens per generate call")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", help="also write the numbers as JSON here")
+    args = parser.parse_args(argv)
+    unknown = set(args.pairs) - set(PAIRS)
+    if unknown:
+        parser.error(f"unknown pairs {sorted(unknown)}; choose from {', '.join(PAIRS)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    results = {}
+    with torch.inference_mode():
+        for name in args.pairs:
+            results[name] = report_pair(name, args, device, dtype)
+            print(markdown(name, results[name], args), flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps({"settings": vars(args), "pairs": results}, indent=1, default=str))
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""`scripts/step_costs.py` measures a step at the released sizes on a GPU; here it runs at the replicas' tiny sizes."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+
+import step_costs  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def results():
+    argv = ["--scale", "tiny", "--device", "cpu", "--dtype", "float32", "--pairs", "qwen3_vl", "--contexts", "32,48"]
+    return step_costs.main([*argv, "--nodes", "1,4,8", "--widths", "1,2", "--new-tokens", "4", "--repeats", "1"])
+
+
+def test_every_context_gets_generate_verification_and_draft_level_costs(results):
+    rows = results["qwen3_vl"]["contexts"]
+    assert list(rows) == [32, 48]
+    for row in rows.values():
+        assert row["ar_ms_per_token"] > 0
+        assert len(row["verify_ms"]) == 3 and min(row["verify_ms"]) > 0
+        assert len(row["draft_level_ms"]) == 2 and min(row["draft_level_ms"]) > 0
+
+
+def test_hf_assisted_generation_is_timed_or_its_refusal_stated(results):
+    for row in results["qwen3_vl"]["contexts"].values():
+        assisted = row["hf_assisted_ms_per_step"]
+        assert (isinstance(assisted, float) and assisted > 0) or assisted.startswith("refused: ")
+
+
+def test_each_policy_gets_its_own_time_and_a_projection_at_the_papers_tau(results):
+    own = results["qwen3_vl"]["own_ms_per_step"]
+    assert set(own) == set(step_costs.POLICIES) and all(o["ms"] >= 0 and o["steps"] > 0 for o in own.values())
+    projection = results["qwen3_vl"]["contexts"][32]["projection"]
+    assert projection["chain"]["speedup"] is None  # the paper reports no chain for Qwen3-VL
+    assert projection["sage"]["speedup"] > 0 and projection["static-tree"]["speedup"] > 0
+
+
+def test_the_projection_is_one_plus_tau_tokens_in_the_time_of_a_step():
+    row = {"ar_ms_per_token": 10.0, "verify_ms": [20.0, 20.0], "draft_level_ms": [1.0, 1.0]}
+    own = {policy: (2.0, 1) for policy in step_costs.POLICIES}
+    projected = step_costs.projection("qwen2_5_vl", row, [1, 64], [1, 16], own)
+    assert projected["chain"] == (5 * 1.0 + 20.0 + 2.0, (1 + 3.67) * 10.0 / 27.0)
+    assert projected["sage"][0] == 8 * 1.0 + 20.0 + 2.0
+
+
+def test_unknown_pairs_are_refused():
+    with pytest.raises(SystemExit):
+        step_costs.parse_args(["--pairs", "gpt2"])
