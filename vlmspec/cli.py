@@ -168,6 +168,24 @@ def _bench(args: argparse.Namespace) -> None:
     print(f"report: {Path(args.out) / 'results.md'}")
 
 
+def _profile(args: argparse.Namespace) -> None:
+    import torch
+
+    from .api import load_pair
+    from .eval.bench import suite_inputs
+    from .eval.profile import CONFIGS, POLICIES, markdown_table, run_profile
+
+    spec = load_pair(args.model, args.draft, torch_dtype=torch.float32)
+    policies = args.policies.split(",")
+    unknown = set(policies) - set(POLICIES)
+    if unknown:
+        _fail(f"vlmspec profile: unknown policies {sorted(unknown)}; choose from {', '.join(POLICIES)}", 2)
+    inputs = suite_inputs(spec.processor, args.suite, 1)[0]
+    profiles = run_profile(spec, inputs, args.max_new_tokens, policies, tuple(CONFIGS))
+    print(f"vlmspec profile, {args.suite} suite, {args.max_new_tokens} new tokens, on {spec.target.device}:")
+    print(markdown_table(profiles))
+
+
 def _number(convert, low: float, *, above: bool = False, high: float | None = None):
     """An argparse type: `convert`ed, at least `low` (above it with `above`) and at most `high`."""
 
@@ -301,13 +319,23 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default="bench-out")
     _add_bench_generation_options(bench)
     bench.set_defaults(run=_bench)
+
+    profile = commands.add_parser(
+        "profile", help="kernel launches and host reads per decoding step, per policy, beside plain generate"
+    )
+    profile.add_argument("--suite", choices=["image", "video", "long-video"], default="image")
+    profile.add_argument("--policies", default="chain,static-tree,sage,sage-gt", help="comma-separated")
+    profile.add_argument("--max-new-tokens", type=_number(int, 2), default=64)
+    profile.add_argument("--model", help="target (default: the demo pair)")
+    profile.add_argument("--draft", help="draft (default: the demo pair)")
+    profile.set_defaults(run=_profile)
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command in ("generate", "caption") and (args.model is None) != (args.draft is None):
+    if args.command in ("generate", "caption", "bench", "profile") and (args.model is None) != (args.draft is None):
         parser.error("--model and --draft go together (neither: the bundled demo pair)")
     if getattr(args, "retry_errors", False) and not args.resume:
         parser.error("--retry-errors continues an existing output: add --resume")

@@ -1,0 +1,198 @@
+"""`vlmspec profile`: what a decoding step asks of a GPU, counted on any device.
+
+Two counts, per step and per emitted token, for each policy beside plain `generate`:
+- kernel launches: the aten operators that run a kernel (views, metadata and bare allocations excluded), split
+  into those inside the target's forward, inside the draft's forward, and the rest (the decoder's own work);
+- host reads: the calls that make a GPU's host wait for the device: `item`, `bool`/`int`/`float`/`index` of a
+  tensor, `tolist`, `cpu`, `numpy`, `nonzero`, `masked_select`, `unique`, `argwhere`, and indexing with a
+  boolean mask.
+A step's counts are those of a call with `max_new_tokens=N` less those of a call that only prefills and picks the
+first token, divided by the steps in between, so prompt processing is left out.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..speculative import SpeculativeVLM
+
+POLICIES = ("chain", "static-tree", "sage", "sage-gt")
+#: Qwen2.5-VL-Instruct's released sampling settings (its generation_config.json).
+QWEN2_5_VL_RELEASED = dict(do_sample=True, top_k=1, top_p=0.001, temperature=0.1, repetition_penalty=1.05)
+CONFIGS = {"greedy": dict(do_sample=False), "qwen2.5-vl released": QWEN2_5_VL_RELEASED}
+
+_READ_CALLS = {"__bool__", "__int__", "__float__", "__index__", "item", "tolist", "cpu", "numpy"}
+_READ_FUNCTIONS = {"nonzero", "masked_select", "unique", "argwhere", "unique_consecutive"}
+_INDEXING = {"__getitem__", "__setitem__", "index_put", "index_put_"}
+_NO_KERNEL = {"empty", "empty_strided", "new_empty", "new_empty_strided", "lift_fresh", "_local_scalar_dense"}
+SCOPES = ("target", "draft", "own")
+
+
+def _is_bool_mask(index: Any) -> bool:
+    items = index if isinstance(index, (tuple, list)) else (index,)
+    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in items)
+
+
+class _Reads(TorchFunctionMode):
+    """Counts host reads at the Python level, where `tolist` and `cpu` are seen even on a CPU run."""
+
+    def __init__(self, counter: LaunchCounter):
+        super().__init__()
+        self.counter = counter
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in _READ_CALLS or name in _READ_FUNCTIONS:
+            self.counter.reads[self.counter.scope] += 1
+        elif name in _INDEXING and len(args) > 1 and _is_bool_mask(args[1]):
+            self.counter.reads[self.counter.scope] += 1
+        return func(*args, **(kwargs or {}))
+
+
+class _Launches(TorchDispatchMode):
+    """Counts the aten operators that run a kernel."""
+
+    def __init__(self, counter: LaunchCounter):
+        super().__init__()
+        self.counter = counter
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view and func.overloadpacket.__name__ not in _NO_KERNEL:
+            self.counter.launches[self.counter.scope] += 1
+        return func(*args, **(kwargs or {}))
+
+
+class LaunchCounter:
+    """Counts launches and host reads while active, attributed to the target's forward, the draft's, or neither."""
+
+    def __init__(self, target: torch.nn.Module, draft: torch.nn.Module | None = None):
+        self.launches: Counter[str] = Counter()
+        self.reads: Counter[str] = Counter()
+        self._stack: list[str] = []
+        self._handles = []
+        for scope, model in (("target", target), ("draft", draft)):
+            if model is None or (scope == "draft" and model is target):
+                continue
+            self._handles.append(model.register_forward_pre_hook(lambda *_, s=scope: self._stack.append(s)))
+            self._handles.append(model.register_forward_hook(self._leave))
+
+    def _leave(self, *_) -> None:
+        self._stack.pop()
+
+    @property
+    def scope(self) -> str:
+        return self._stack[-1] if self._stack else "own"
+
+    @contextmanager
+    def counting(self) -> Iterator[LaunchCounter]:
+        """Count inside the block (the counts start from zero)."""
+        self.launches.clear()
+        self.reads.clear()
+        with _Reads(self), _Launches(self):
+            yield self
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
+@dataclass
+class Profile:
+    """One method's counts per step and per emitted token (launches by scope, host reads outside and inside the
+    models' forwards)."""
+
+    method: str
+    config: str
+    steps: float
+    tokens: float
+    launches: dict[str, float]
+    reads: dict[str, float]
+
+    def per(self, unit: str) -> dict[str, float]:
+        n = max(self.steps if unit == "step" else self.tokens, 1e-9)
+        counts = {f"{s} launches": self.launches[s] / n for s in SCOPES}
+        counts["own reads"] = self.reads["own"] / n
+        counts["reads in forwards"] = (self.reads["target"] + self.reads["draft"]) / n
+        return counts
+
+
+def _difference(counter: LaunchCounter, run, new_tokens: int) -> tuple[Counter, Counter, Any]:
+    """Counts of `run(new_tokens)` less those of `run(1)`, and what the longer run returned."""
+    with counter.counting():
+        run(1)
+    launches, reads = Counter(counter.launches), Counter(counter.reads)
+    with counter.counting():
+        result = run(new_tokens)
+    return counter.launches - launches, counter.reads - reads, result
+
+
+def profile_generate(target: torch.nn.Module, inputs: dict, new_tokens: int, config: str) -> Profile:
+    """Plain `generate`'s counts per token (its steps are its tokens)."""
+    counter = LaunchCounter(target)
+    settings = dict(CONFIGS[config])
+    prompt = inputs["input_ids"].shape[1]
+    try:
+        launches, reads, out = _difference(
+            counter, lambda n: target.generate(**inputs, max_new_tokens=n, **settings), new_tokens
+        )
+    finally:
+        counter.remove()
+    tokens = out.shape[1] - prompt - 1
+    return Profile("generate", config, tokens, tokens, _full(launches), _full(reads))
+
+
+def profile_policy(spec: SpeculativeVLM, policy: str, inputs: dict, new_tokens: int, config: str) -> Profile:
+    """Counts of `spec` with `policy` per decoding step and per emitted token."""
+    runner = spec.with_options(policy, pruning=None)
+    counter = LaunchCounter(spec.target, spec.draft)
+    settings = dict(CONFIGS[config])
+    try:
+        launches, reads, _ = _difference(
+            counter, lambda n: runner.generate(**inputs, max_new_tokens=n, **settings), new_tokens
+        )
+    finally:
+        counter.remove()
+    stats = runner.last_stats
+    return Profile(policy, config, stats.iterations, stats.new_tokens - 1, _full(launches), _full(reads))
+
+
+def _full(counts: Counter) -> dict[str, float]:
+    return {s: float(counts[s]) for s in SCOPES}
+
+
+def run_profile(spec: SpeculativeVLM, inputs: dict, new_tokens: int, policies=POLICIES, configs=tuple(CONFIGS)):
+    """Every policy under every config, and plain `generate` under each config, on one prompt."""
+    profiles = []
+    for config in configs:
+        torch.manual_seed(0)
+        profiles.append(profile_generate(spec.target, inputs, new_tokens, config))
+        for policy in policies:
+            torch.manual_seed(0)
+            profiles.append(profile_policy(spec, policy, inputs, new_tokens, config))
+    return profiles
+
+
+def markdown_table(profiles: list[Profile]) -> str:
+    """One row per method and config: counts per step, and the decoder's own per emitted token."""
+    lines = [
+        "| method | config | steps | tokens/step | per step: target launches | draft launches | own launches | "
+        "own host reads | host reads in forwards | per token: own launches | own host reads |",
+        "| --- " * 11 + "|",
+    ]
+    for p in profiles:
+        step, token = p.per("step"), p.per("token")
+        lines.append(
+            f"| {p.method} | {p.config} | {p.steps:.0f} | {p.tokens / max(p.steps, 1):.2f} | "
+            f"{step['target launches']:.0f} | {step['draft launches']:.0f} | {step['own launches']:.0f} | "
+            f"{step['own reads']:.1f} | {step['reads in forwards']:.1f} | {token['own launches']:.0f} | "
+            f"{token['own reads']:.1f} |"
+        )
+    return "\n".join(lines)
