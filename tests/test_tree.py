@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache
 
 from vlmspec.engine.accept import accept_greedy
-from vlmspec.engine.cache import keep_entries
+from vlmspec.engine.cache import SlabCache
 from vlmspec.engine.tree import TreeBuilder
 from vlmspec.policies import SPECVLM_TREE, RankTreePlan
 
@@ -82,22 +81,52 @@ def test_static_plan_reproduces_the_specvlm_tree():
     assert plan.select(1, torch.zeros(1), torch.zeros(1, 4), 25).tolist() == [[True, True, True, True]]
 
 
-def test_cache_keeps_only_the_accepted_entries_in_order():
-    cache = DynamicCache()
-    keys = torch.arange(10.0).view(1, 1, 10, 1)
-    cache.update(keys, keys + 100, 0)
-    length = keep_entries(cache, start=4, keep=torch.tensor([0, 2, 5]))
-    assert length == 7
-    assert cache.layers[0].keys.flatten().tolist() == [0, 1, 2, 3, 4, 6, 9]
-    assert cache.layers[0].values.flatten().tolist() == [100, 101, 102, 103, 104, 106, 109]
+def filled_cache(layers: int = 2, length: int = 10, devices=None) -> SlabCache:
+    """A cache whose layer i holds keys 10 i + position and values 100 + 10 i + position, one head of width 1."""
+    cache = SlabCache(devices or [torch.device("cpu")] * layers, capacity=length)
+    for i in range(layers):
+        keys = torch.arange(float(length)).view(1, 1, length, 1) + 10 * i
+        cache.update(keys, keys + 100, i)
+    cache.settle()
+    return cache
 
 
-def test_cache_keep_of_a_prefix_is_a_crop():
-    cache = DynamicCache()
-    keys = torch.arange(6.0).view(1, 1, 6, 1)
-    cache.update(keys, keys, 0)
-    assert keep_entries(cache, start=2, keep=torch.tensor([0, 1])) == 4
-    assert cache.get_seq_length() == 4
+def test_cache_keeps_the_accepted_entries_of_every_layer_in_place():
+    cache = filled_cache()
+    assert cache.keep(start=4, keep=torch.tensor([0, 2, 5])) == 7
+    assert cache.get_seq_length() == 7
+    for i in range(2):
+        keys, values = cache.update(torch.zeros(1, 1, 0, 1), torch.zeros(1, 1, 0, 1), i)
+        assert keys.flatten().tolist() == [10 * i + p for p in (0, 1, 2, 3, 4, 6, 9)]
+        assert values.flatten().tolist() == [100 + 10 * i + p for p in (0, 1, 2, 3, 4, 6, 9)]
+
+
+def test_cache_keep_of_nothing_rewinds_to_start():
+    cache = filled_cache()
+    assert cache.keep(start=2, keep=torch.empty(0, dtype=torch.long)) == 2
+    assert cache.get_seq_length() == 2
+
+
+def test_cache_writes_a_forward_at_its_length_and_takes_it_in_when_settled():
+    cache = filled_cache(layers=1, length=4)
+    new = torch.full((1, 1, 2, 1), 7.0)
+    keys, _ = cache.update(new, new, 0)
+    assert keys.flatten().tolist() == [0, 1, 2, 3, 7, 7]
+    assert cache.get_seq_length() == 4 and cache.settle() == 6
+
+
+def test_cache_grows_past_its_room_keeping_what_it_holds():
+    cache = filled_cache(layers=1, length=4)
+    new = torch.full((1, 1, 5, 1), 7.0)
+    keys, _ = cache.update(new, new, 0)
+    assert keys.flatten().tolist() == [0, 1, 2, 3] + [7] * 5
+    assert cache.capacity >= 9
+
+
+def test_cache_keeps_one_slab_per_device_of_its_layers():
+    cache = filled_cache(layers=3, devices=[torch.device("cpu"), torch.device("meta"), torch.device("cpu")])
+    assert {str(d): slab.shape[0] for d, slab in cache._slabs.items()} == {"cpu": 4, "meta": 2}
+    assert cache.keep(start=8, keep=torch.tensor([1])) == 9
 
 
 def test_causal_mask_for_pending_tokens_sees_cache_and_earlier_tokens():

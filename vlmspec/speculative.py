@@ -80,14 +80,15 @@ class SpeculativeVLM:
         vocab_size: int | None = None,
         processor: Any = None,
     ):
+        target_adapter, draft_adapter = adapter_for(target), adapter_for(draft)
         check_model_attention(target, "target")
         check_model_attention(draft, "draft")
         self.target = target
         self.draft = draft
         self.processor = processor
         self.vocab_size = vocab_size
-        self._target_runner = ModelRunner(adapter_for(target))
-        self._draft_runner = ModelRunner(adapter_for(draft))
+        self._target_runner = ModelRunner(target_adapter)
+        self._draft_runner = ModelRunner(draft_adapter)
         if vocab_size is None and processor is not None and getattr(processor, "tokenizer", None) is not None:
             vocab_size = len(processor.tokenizer)
         vocab_limit = check_vocabularies(target, draft, vocab_size)

@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import Cache
 
 
 @dataclass
@@ -75,6 +76,10 @@ class ModelAdapter(ABC):
     def new_cache(self) -> DynamicCache:
         return DynamicCache(config=self.model.config)
 
+    def layer_devices(self) -> list[torch.device]:
+        """The device of every decoder layer's attention, in order (layers may sit on different GPUs)."""
+        return [next(module.parameters()).device for module in self.attention_modules()]
+
     @abstractmethod
     def prompt_positions(self, inputs: dict[str, Any]) -> torch.Tensor:
         """The prompt's `position_ids` exactly as `generate` builds them."""
@@ -124,7 +129,7 @@ class ModelAdapter(ABC):
         finally:
             handle.remove()
 
-    def prefill(self, inputs: dict[str, Any], cache: DynamicCache, keep: torch.Tensor | None = None) -> Prefill:
+    def prefill(self, inputs: dict[str, Any], cache: Cache, keep: torch.Tensor | None = None) -> Prefill:
         """Run the prompt into `cache`; with `keep` (bool over the prompt) only those tokens enter the cache."""
         positions = self.prompt_positions(inputs)
         model_inputs = {
@@ -140,7 +145,7 @@ class ModelAdapter(ABC):
         return Prefill(last_logits=out.logits[0, -1], length=length, next_position=int(positions[..., -1].max()) + 1)
 
     def decode(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor, cache: DynamicCache
+        self, input_ids: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor, cache: Cache
     ) -> torch.Tensor:
         """Logits `(q, V)` for `input_ids` (q,) at `positions`, attending through the additive mask `bias`."""
         out = self.model(

@@ -80,8 +80,9 @@ class TokenSink:
 class _Prefill:
     """What both models' prompt passes leave behind, shared by every continuation of one call."""
 
-    def __init__(self, target_inputs: dict[str, Any], draft_inputs: dict[str, Any]):
+    def __init__(self, target_inputs: dict[str, Any], draft_inputs: dict[str, Any], room: int):
         self.target_inputs = target_inputs
+        self.room = room
         self.draft_inputs = draft_inputs
         self.logits: torch.Tensor | None = None
         self.target_length = 0
@@ -124,7 +125,7 @@ class SpeculativeDecoder:
         timer = PhaseTimer(stats, self.target.device)
         prompt = target_inputs["input_ids"]
         sequences = []
-        prefill = _Prefill(target_inputs, draft_inputs)
+        prefill = _Prefill(target_inputs, draft_inputs, settings.max_new_tokens)
         for _ in range(settings.num_sequences):
             sink = TokenSink(prompt, settings, streamer)
             try:
@@ -146,7 +147,7 @@ class SpeculativeDecoder:
             verifier = prefill.prune and pruning.method == "verifier"
             scorer = VerifierScores(target.adapter, layout, pruning.layers) if verifier else None
         with timer("target_prefill"), scorer or nullcontext():
-            prefill.logits = target.prefill(prefill.target_inputs)
+            prefill.logits = target.prefill(prefill.target_inputs, room=prefill.room)
         prefill.target_length = target.length
         stats.target_prefill_tokens = target.length
         if scorer is not None:
@@ -163,7 +164,7 @@ class SpeculativeDecoder:
                 has_video = prefill.target_inputs.get("pixel_values_videos") is not None
                 keep = pruning.keep_mask(prefill.layout, has_video, prefill.scores).to(draft.device)
         with timer("draft_prefill"):
-            draft.prefill(prefill.draft_inputs, keep)
+            draft.prefill(prefill.draft_inputs, keep, room=prefill.room)
         prefill.draft_length = draft.length
         stats.draft_prefill_tokens = draft.length
 

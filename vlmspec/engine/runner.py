@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from ..adapters import ModelAdapter
-from .cache import check_cache, keep_entries
+from .cache import TREE_ROOM, SlabCache, check_cache
 from .tree import additive_mask
 
 
@@ -20,23 +20,29 @@ class ModelRunner:
 
     def __init__(self, adapter: ModelAdapter):
         self.adapter = adapter
-        self.cache = None
-        self.length = 0
+        self.cache: SlabCache | None = None
         self.offset = 0
+        check_cache(adapter.model.config)
         self.refresh()
+
+    @property
+    def length(self) -> int:
+        """Positions in the cache."""
+        return 0 if self.cache is None else self.cache.length
 
     def refresh(self) -> None:
         """Read the model's device and dtype (once per call: looking them up costs more than a tree operation)."""
         self.device = self.adapter.device
         self.dtype = self.adapter.dtype
 
-    def prefill(self, inputs: dict[str, Any], keep: torch.Tensor | None = None) -> torch.Tensor:
-        """Run the prompt (only the `keep` tokens, if given); returns the last prompt token's logits."""
+    def prefill(self, inputs: dict[str, Any], keep: torch.Tensor | None = None, room: int = 0) -> torch.Tensor:
+        """Run the prompt (only the `keep` tokens, if given) into a cache preallocated for it and `room` more
+        tokens (plus a tree's); returns the last prompt token's logits."""
         self.refresh()
-        self.cache = self.adapter.new_cache()
+        prompt = inputs["input_ids"].shape[1] if keep is None else int(keep.sum())
+        self.cache = SlabCache(self.adapter.layer_devices(), prompt + room + TREE_ROOM)
         result = self.adapter.prefill(inputs, self.cache, keep)
-        check_cache(self.cache)
-        self.length = result.length
+        self.cache.settle()
         self.offset = result.next_position - result.length
         return result.last_logits.to(self.device)
 
@@ -48,12 +54,12 @@ class ModelRunner:
         """Append `tokens` at positions `position(base_index) + depths` through the additive mask `bias`."""
         positions = depths + self.position(base_index)
         logits = self.adapter.decode(tokens, positions, bias, self.cache)
-        self.length += tokens.shape[0]
+        self.cache.settle()
         return logits.to(self.device)
 
     def keep(self, start: int, keep: torch.Tensor) -> None:
-        """Keep, of the entries from cache index `start` on, those at offsets `keep`."""
-        self.length = keep_entries(self.cache, start, keep)
+        """Keep, of the entries from cache index `start` on, those at offsets `keep` (ascending)."""
+        self.cache.keep(start, keep)
 
     def causal_bias(self, q: int) -> torch.Tensor:
         """Additive mask for `q` new tokens appended causally after the current cache."""
