@@ -107,6 +107,7 @@ def k_ary_tree(n: int, device: torch.device, k: int = 4) -> DraftTree:
         depths=torch.tensor(depths, device=device),
         log_probs=torch.zeros(n, device=device),
         ancestors=ancestors.to(device),
+        depth=max(depths),
     )
 
 

@@ -18,7 +18,7 @@ from conftest import FAMILIES
 
 import vlmspec.engine.choice
 from vlmspec import SpecStats, SpeculativeVLM
-from vlmspec.engine.accept import accept_sampled, draw
+from vlmspec.engine.accept import Verdict, accept_sampled, deepest, draw
 from vlmspec.engine.tree import DraftTree
 from vlmspec.testing.distribution import GTest, continuations, eos_ids, exact_continuations, g_test
 
@@ -89,9 +89,7 @@ def test_the_harness_passes_the_targets_own_sampler(warp):
     assert g_test(samples, exact("image", warp)).passes(ALPHA)
 
 
-def _always_first_child(
-    tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _always_first_child(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None = None) -> Verdict:
     """A wrong rule: accept the first child of every node (if the target gives it any mass), then sample."""
     first_child = torch.ones(tree.size, dtype=torch.bool, device=tree.tokens.device)
     seen: set[int] = set()
@@ -99,17 +97,15 @@ def _always_first_child(
         parent = int(tree.parents[node])
         first_child[node] = parent not in seen and bool(probs[parent, tree.tokens[node]] > 0)
         seen.add(parent)
-    valid = ~(tree.ancestors & ~first_child[None, :]).any(dim=1)
-    last = int((tree.depths * valid).argmax())
-    return tree.path_to(last), draw(probs[last], generator)
+    path, accepted, last = deepest(tree, first_child)
+    return Verdict(path, accepted, draw(probs[last], generator))
 
 
-def _bonus_from_p(
-    tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _bonus_from_p(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None = None) -> Verdict:
     """A subtly wrong rule: recursive rejection, but the bonus token drawn from p, rejected children included."""
-    path, _ = accept_sampled(tree, probs, generator)
-    return path, draw(probs[int(path[-1])], generator)
+    verdict = accept_sampled(tree, probs, generator)
+    last = verdict.path[verdict.accepted]
+    return Verdict(verdict.path, verdict.accepted, draw(probs[last], generator))
 
 
 @pytest.mark.parametrize(

@@ -58,19 +58,17 @@ def test_node_positions_are_root_position_plus_depth():
 def test_acceptance_follows_the_target_down_the_longest_agreeing_path():
     tree = small_tree()
     choice = torch.tensor([11, 13, 99, 14, 77])
-    path, bonus = accept_greedy(tree, choice)
-    assert path.tolist() == [0, 1, 3, 4]
-    assert int(bonus) == 77
+    verdict = accept_greedy(tree, choice)
+    assert verdict.path.tolist() == [0, 1, 3, 4]
+    assert (int(verdict.accepted), int(verdict.bonus)) == (3, 77)
 
 
 def test_acceptance_stops_at_the_first_disagreement():
     tree = small_tree()
-    path, bonus = accept_greedy(tree, torch.tensor([12, 13, 55, 14, 77]))
-    assert path.tolist() == [0, 2]
-    assert int(bonus) == 55
-    path, bonus = accept_greedy(tree, torch.tensor([5, 13, 55, 14, 77]))
-    assert path.tolist() == [0]
-    assert int(bonus) == 5
+    verdict = accept_greedy(tree, torch.tensor([12, 13, 55, 14, 77]))
+    assert (verdict.path.tolist(), int(verdict.accepted), int(verdict.bonus)) == ([0, 2, 0, 0], 1, 55)
+    verdict = accept_greedy(tree, torch.tensor([5, 13, 55, 14, 77]))
+    assert (verdict.path.tolist(), int(verdict.accepted), int(verdict.bonus)) == ([0, 0, 0, 0], 0, 5)
 
 
 def test_static_plan_reproduces_the_specvlm_tree():

@@ -1,30 +1,43 @@
 """Acceptance rules: which path of a verified tree is emitted, and the target's bonus token after it.
 
 Both rules work on the whole tree at once (a few (n,) and (n, n) tensor operations), never on the vocabulary in
-a Python loop.
+a Python loop, and leave their verdict on the device: nothing here waits for it.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from .tree import DraftTree
 
 
-def accept_greedy(tree: DraftTree, target_choice: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The deepest node whose whole path equals the target's choices: its path (root first) and the bonus token.
+@dataclass
+class Verdict:
+    """What a rule accepted, as device tensors of fixed shape.
+
+    `path` (depth + 1,) holds the accepted node at each depth from the root on; entries past `accepted` are 0.
+    `accepted` () is how many draft tokens were accepted, `bonus` () the target's token after them.
+    """
+
+    path: torch.Tensor
+    accepted: torch.Tensor
+    bonus: torch.Tensor
+
+
+def accept_greedy(tree: DraftTree, target_choice: torch.Tensor) -> Verdict:
+    """The deepest node whose whole path equals the target's choices, and the target's choice after it.
 
     Siblings carry distinct tokens, so at most one node per depth can agree with the target.
     """
     matches = tree.tokens == target_choice[tree.parents.clamp_min(0)]
     matches[0] = True
-    path, best = _deepest(tree, matches)
-    return path, target_choice[best]
+    path, accepted, best = deepest(tree, matches)
+    return Verdict(path, accepted, target_choice[best])
 
 
-def accept_sampled(
-    tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
+def accept_sampled(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None = None) -> Verdict:
     """Recursive rejection over each node's children, in draft rank order: the accepted path and the bonus token.
 
     `probs` (n, V) is the target's processed distribution p after every node. At a node, child x_j is accepted with
@@ -50,19 +63,22 @@ def accept_sampled(
     u = _uniform(n, generator, probs.device) * total
     accepted = torch.ones(n, dtype=torch.bool, device=probs.device)
     accepted[1:] = (u[parents] >= before) & (u[parents] < before + child_mass)
-    path, last = _deepest(tree, accepted)
+    path, count, last = deepest(tree, accepted)
     bonus_weights = rest[last]
-    if not bool(bonus_weights.any()):
-        # Children covering the whole support leave no gap in exact arithmetic; a rounding one gets p itself.
-        bonus_weights = probs[last]
-    return path, draw(bonus_weights, generator)
+    # Children covering the whole support leave no gap in exact arithmetic; a rounding one gets p itself.
+    bonus_weights = torch.where(bonus_weights.sum() > 0, bonus_weights, probs[last])
+    return Verdict(path, count, draw(bonus_weights, generator))
 
 
-def _deepest(tree: DraftTree, accepted: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """The path to the deepest node all of whose path nodes are `accepted`, and that node's index."""
+def deepest(tree: DraftTree, accepted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The deepest node all of whose path nodes are `accepted` (the first such, in node order): its path by depth
+    `(tree.depth + 1,)` (0 past its depth), its depth and its index, all on the device."""
     valid = ~(tree.ancestors & ~accepted[None, :]).any(dim=1)
-    best = int((tree.depths * valid).argmax())
-    return tree.path_to(best), best
+    best = (tree.depths * valid).argmax()
+    on_path = tree.ancestors[best]
+    at_depth = tree.depths[None, :] == torch.arange(tree.depth + 1, device=tree.depths.device)[:, None]
+    path = (at_depth & on_path[None, :]).to(torch.uint8).argmax(dim=1)
+    return path, tree.depths[best], best
 
 
 def _uniform(n: int, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:

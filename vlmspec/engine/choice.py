@@ -24,7 +24,7 @@ from transformers.generation.logits_process import (
     TypicalLogitsWarper,
 )
 
-from .accept import accept_greedy, accept_sampled, draw
+from .accept import Verdict, accept_greedy, accept_sampled, draw
 from .tree import DraftTree
 
 _ROW_WISE = (
@@ -182,10 +182,8 @@ class TargetSampler:
             return scores[0].argmax()
         return draw(self.processing.distribution(scores, sequence)[0], self.generator)
 
-    def accept(
-        self, tree: DraftTree, logits: torch.Tensor, sequence: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The accepted path (node indices, root first) and the bonus token, from the target's logits after each node.
+    def accept(self, tree: DraftTree, logits: torch.Tensor, sequence: torch.Tensor) -> Verdict:
+        """The accepted path and the bonus token, from the target's logits after each node, left on the device.
 
         `logits` (n, V) are the target's after every node; `sequence` (1, T) ends with the root.
         """

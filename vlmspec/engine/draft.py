@@ -17,19 +17,20 @@ _RANK_FLOOR = 1e4
 
 @dataclass
 class Drafted:
-    """A grown tree, the draft's log-probabilities at the root, and how many tree nodes the draft cache holds.
+    """A grown tree, the draft's log-probabilities at the root, and how many of its levels the draft cache holds.
 
     The log-probabilities are under the generation config's processing, warpers included when the target samples
     (-inf for the tokens they cut).
 
-    `greedy_depth` is how far the draft's own top-1 path reaches in the tree: with the target as its own draft,
-    exactly that many tokens are accepted. `forwards` and `fed_tokens` count the draft forwards and their tokens.
+    `greedy_depth` (on the device) is how far the draft's own top-1 path reaches in the tree: with the target as its
+    own draft, exactly that many tokens are accepted. `forwards` and `fed_tokens` count the draft forwards and their
+    tokens.
     """
 
     tree: DraftTree
     root_log_probs: torch.Tensor
-    cached_nodes: int
-    greedy_depth: int
+    cached_depth: int
+    greedy_depth: torch.Tensor
     forwards: int
     fed_tokens: int
 
@@ -103,7 +104,7 @@ class Drafter:
         root_log_probs, root_order = self._log_probs(logits[-1], processing, sequence)
         frontier = slice(0, 1)
         child_log_probs, child_order = root_log_probs[None], root_order[None]
-        cached_nodes, forwards, fed_tokens = 0, 1, pending.shape[0]
+        cached_nodes, cached_depth, forwards, fed_tokens = 0, 0, 1, pending.shape[0]
         depth = plan.depth if max_depth is None else max(0, min(plan.depth, max_depth))
         for level in range(1, depth + 1):
             top = child_order.topk(plan.top_k, dim=-1).indices
@@ -124,5 +125,5 @@ class Drafter:
             child_log_probs, child_order = self._log_probs(
                 logits, processing, sequence, None if processing is None else builder.ancestors[new, : builder.size]
             )
-            cached_nodes = new.stop - 1
-        return Drafted(builder.build(), root_log_probs, cached_nodes, builder.greedy_depth(), forwards, fed_tokens)
+            cached_nodes, cached_depth = new.stop - 1, level
+        return Drafted(builder.build(), root_log_probs, cached_depth, builder.greedy_depth(), forwards, fed_tokens)

@@ -11,8 +11,10 @@ import torch
 
 from ..policies import StepOutcome, TreePolicy
 from ..pruning import PruningConfig, VerifierScores
+from .cache import TREE_ROOM
 from .choice import NodeProcessing, TargetSampler
 from .draft import Drafter
+from .report import StepReport, emitted_tokens, read_step
 from .runner import ModelRunner
 from .stats import PhaseTimer, SpecStats, StepRecord
 from .verify import verify_tree
@@ -41,7 +43,8 @@ class TokenSink:
     def __init__(self, prompt: torch.Tensor, settings: DecodeSettings, streamer: Any):
         self.settings = settings
         self.streamer = streamer
-        self.buffer = torch.empty(1, prompt.shape[1] + settings.max_new_tokens, dtype=torch.long, device=prompt.device)
+        room = prompt.shape[1] + settings.max_new_tokens + TREE_ROOM
+        self.buffer = torch.empty(1, room, dtype=torch.long, device=prompt.device)
         self.buffer[:, : prompt.shape[1]] = prompt
         self.length = prompt.shape[1]
         self.prompt_length = prompt.shape[1]
@@ -56,6 +59,19 @@ class TokenSink:
     @property
     def new_tokens(self) -> int:
         return self.length - self.prompt_length
+
+    @property
+    def room(self) -> int:
+        """Tokens the budget still allows."""
+        return self.settings.max_new_tokens - self.new_tokens
+
+    def take(self, tokens: torch.Tensor, report: StepReport) -> None:
+        """Append the first `report.count` of a step's `tokens` (on the device), as its report settled them."""
+        self.buffer[0, self.length : self.length + report.count] = tokens[: report.count]
+        self.length += report.count
+        self.finished = report.finished
+        if self.streamer is not None and report.count:
+            self.streamer.put(torch.tensor(report.tokens[: report.count]))
 
     def emit(self, tokens: torch.Tensor) -> None:
         """Append `tokens` (k,), stopping after the first EOS or when `max_new_tokens` is reached."""
@@ -199,28 +215,33 @@ class SpeculativeDecoder:
             with timer("verification"):
                 logits = verify_tree(target, tree)
             with timer("acceptance"):
-                path, bonus = settings.sampler.accept(tree, logits, sink.sequence)
-            with timer("tree_update"):
-                accepted_nodes = path[1:]
-                target.keep(target_start, path)
-                in_draft = (accepted_nodes <= drafted.cached_nodes).to(draft.device)
-                draft_path = accepted_nodes.to(draft.device)
-                root_offset = pending.shape[0] - 1
-                draft.keep(
-                    draft_start,
-                    torch.cat(
-                        [torch.arange(pending.shape[0], device=draft.device), draft_path[in_draft] + root_offset]
-                    ),
+                verdict = settings.sampler.accept(tree, logits, sink.sequence)
+                tokens = emitted_tokens(tree, verdict)
+                report = read_step(
+                    tree,
+                    verdict,
+                    tokens,
+                    settings.eos_token_ids,
+                    sink.room,
+                    drafted.greedy_depth,
+                    policy.statistics(drafted.root_log_probs),
+                    policy.reads_tree,
                 )
+            with timer("tree_update"):
+                accepted = report.accepted
+                target.keep(target_start, verdict.path[: accepted + 1])
+                in_draft = min(accepted, drafted.cached_depth)
                 fed_pending = pending.shape[0]
-                pending = torch.cat([drafted.tree.tokens[draft_path[~in_draft]], bonus[None].to(draft.device)])
+                draft_path = verdict.path[1 : in_draft + 1].to(draft.device) + (fed_pending - 1)
+                draft.keep(draft_start, torch.cat([torch.arange(fed_pending, device=draft.device), draft_path]))
+                pending = tokens[in_draft : accepted + 1].to(draft.device)
                 model_seconds = timer.last["drafting"] + timer.last["verification"]
                 policy.observe(
                     StepOutcome(
                         root_log_probs=drafted.root_log_probs,
-                        accepted=accepted_nodes.shape[0],
+                        accepted=accepted,
                         tree=drafted.tree,
-                        path=path,
+                        path=report.path,
                         draft_forwards=drafted.forwards,
                         draft_tokens=drafted.fed_tokens,
                         draft_context=draft_start + fed_pending,
@@ -228,6 +249,9 @@ class SpeculativeDecoder:
                         draft_seconds=timer.last["drafting"],
                         verify_seconds=timer.last["verification"],
                         seconds=time.perf_counter() - step_started,
+                        statistics=report.statistics,
+                        tree_parents=report.tree_parents,
+                        tree_log_probs=report.tree_log_probs,
                     )
                 )
                 predicted = policy.prediction
@@ -237,12 +261,12 @@ class SpeculativeDecoder:
                         depth=plan.depth,
                         width=plan.width,
                         nodes=tree.size - 1,
-                        accepted=accepted_nodes.shape[0],
+                        accepted=accepted,
                         tree_depth=tree.depth,
-                        greedy_depth=drafted.greedy_depth,
+                        greedy_depth=report.greedy_depth,
                         seconds=model_seconds,
                         predicted_tokens=None if predicted is None else predicted[0],
                         predicted_seconds=None if predicted is None else predicted[1],
                     )
                 )
-                sink.emit(torch.cat([tree.tokens[accepted_nodes], bonus[None]]))
+                sink.take(tokens, report)

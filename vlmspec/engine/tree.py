@@ -21,31 +21,29 @@ def additive_mask(prefix_len: int, visible: torch.Tensor, dtype: torch.dtype) ->
 
 @dataclass
 class DraftTree:
-    """An immutable view of a grown tree; `ancestors[i, j]` is True when j is i or one of i's ancestors."""
+    """An immutable view of a grown tree; `ancestors[i, j]` is True when j is i or one of i's ancestors.
+
+    `depth` is the depth of the deepest node (0 for a root-only tree), known on the host as the tree grows.
+    """
 
     tokens: torch.Tensor
     parents: torch.Tensor
     depths: torch.Tensor
     log_probs: torch.Tensor
     ancestors: torch.Tensor
+    depth: int
 
     @property
     def size(self) -> int:
         """Number of nodes including the root."""
         return self.tokens.shape[0]
 
-    @property
-    def depth(self) -> int:
-        """Depth of the deepest node (0 for a root-only tree)."""
-        return int(self.depths[-1])
-
     def to(self, device: torch.device) -> DraftTree:
         """The same tree on `device` (the target may sit on another device than the draft)."""
         if self.tokens.device == device:
             return self
-        return DraftTree(
-            *(t.to(device) for t in (self.tokens, self.parents, self.depths, self.log_probs, self.ancestors))
-        )
+        tensors = (self.tokens, self.parents, self.depths, self.log_probs, self.ancestors)
+        return DraftTree(*(t.to(device) for t in tensors), self.depth)
 
     def path_to(self, node: int) -> torch.Tensor:
         """Node indices from the root to `node`, both included, in root-to-leaf order."""
@@ -107,12 +105,13 @@ class TreeBuilder:
         self.size += m
         return new
 
-    def greedy_depth(self) -> int:
-        """How deep the draft's own top-1 path reaches: the deepest node whose path is all rank-0 children."""
+    def greedy_depth(self) -> torch.Tensor:
+        """How deep the draft's own top-1 path reaches (on the device): the deepest node whose path is all rank-0
+        children."""
         n = self.size
         off_greedy = self.ranks[:n] != 0
         on_path = ~(self.ancestors[:n, :n] & off_greedy[None, :]).any(dim=1)
-        return int((self.depths[:n] * on_path).max())
+        return (self.depths[:n] * on_path).max()
 
     def build(self) -> DraftTree:
         """A view of the current tree (valid until the next `start`)."""
@@ -123,4 +122,5 @@ class TreeBuilder:
             depths=self.depths[:n],
             log_probs=self.log_probs[:n],
             ancestors=self.ancestors[:n, :n],
+            depth=self.levels,
         )

@@ -111,12 +111,16 @@ class StepOutcome:
     `tree` is the drafted tree (on the draft's device, with its cumulative draft path log-probabilities) and `path`
     the accepted node indices from the root on. Contexts are the cache lengths the tree was drafted and verified
     over; seconds are wall time (the whole step's, and its two model phases).
+
+    The engine reads the step's results from the device once: `statistics` holds the values of the policy's
+    `statistics()` for this step, and, for a policy that `reads_tree`, `tree_parents` and `tree_log_probs` are the
+    tree's on the host. Reading `root_log_probs` or `tree` instead makes the host wait for the device again.
     """
 
     root_log_probs: torch.Tensor
     accepted: int
     tree: DraftTree
-    path: torch.Tensor
+    path: Sequence[int] | torch.Tensor
     draft_forwards: int
     draft_tokens: int
     draft_context: int
@@ -124,12 +128,17 @@ class StepOutcome:
     draft_seconds: float
     verify_seconds: float
     seconds: float
+    statistics: list[float] | None = None
+    tree_parents: list[int] | None = None
+    tree_log_probs: list[float] | None = None
 
 
 class TreePolicy(ABC):
     """Plans each step's tree and observes the outcome; `confidence` is the alpha it planned with, if any."""
 
     name: str = "policy"
+    #: Whether `observe` needs the tree's parents and log-probabilities on the host (read with the step's results).
+    reads_tree: bool = False
 
     def reset(self) -> None:
         """Forget everything learned before: called at the start of every continuation a `generate` call draws."""
@@ -137,6 +146,11 @@ class TreePolicy(ABC):
     @abstractmethod
     def plan(self) -> TreePlan:
         """The tree for the next step."""
+
+    def statistics(self, root_log_probs: torch.Tensor) -> torch.Tensor | None:
+        """Values (a 1-D float tensor, on the device) the policy needs from a step's root distribution, read with
+        the step's results and handed back as `StepOutcome.statistics`; None for none."""
+        return None
 
     def observe(self, step: StepOutcome) -> None:
         """Learn from a finished step (the draft's log-probabilities are under the generation config's processing,

@@ -9,6 +9,7 @@ the sum over its nodes of the product of c(q) along their paths. Counts decay, s
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 
@@ -61,10 +62,15 @@ class AcceptanceCalibration:
         """The lookup-table entry of a draft probability (0 for q = 0, bin + 1 otherwise)."""
         return min(self.bins, math.ceil(prob * self.bins))
 
-    def observe(self, parents: torch.Tensor, log_probs: torch.Tensor, path: torch.Tensor) -> None:
+    def observe(
+        self,
+        parents: torch.Tensor | Sequence[int],
+        log_probs: torch.Tensor | Sequence[float],
+        path: torch.Tensor | Sequence[int],
+    ) -> None:
         """Learn from one verified tree: its `parents` and cumulative `log_probs` per node, and the accepted `path`
         (node indices from the root on)."""
-        parents, log_probs, path = parents.tolist(), log_probs.tolist(), path.tolist()
+        parents, log_probs, path = _host(parents), _host(log_probs), _host(path)
         decay = self.decay
         self.accepted = [a * decay for a in self.accepted]
         self.tested = [t * decay for t in self.tested]
@@ -82,13 +88,20 @@ class AcceptanceCalibration:
         self.expanded = decay * self.expanded + (len(path) - 1) + int(last_has_children)
         self._version += 1
 
-    def expected_accepted(self, parents: torch.Tensor, log_probs: torch.Tensor) -> float:
+    def expected_accepted(
+        self, parents: torch.Tensor | Sequence[int], log_probs: torch.Tensor | Sequence[float]
+    ) -> float:
         """Expected accepted draft tokens of a tree (nodes in level order): over its nodes, the product of c(q) along
         each path."""
-        parents, log_probs = parents.tolist(), log_probs.tolist()
+        parents, log_probs = _host(parents), _host(log_probs)
         table = [0.0, *self.rates]
         values = [1.0] * len(parents)
         for node in range(1, len(parents)):
             parent = parents[node]
             values[node] = values[parent] * table[self._entry(math.exp(log_probs[node] - log_probs[parent]))]
         return sum(values) - 1.0
+
+
+def _host(values: torch.Tensor | Sequence[float]) -> list:
+    """`values` as a list (a tensor is read from its device)."""
+    return values.tolist() if isinstance(values, torch.Tensor) else list(values)

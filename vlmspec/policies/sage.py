@@ -55,12 +55,17 @@ class SageConfig:
             raise ValueError("max_nodes and history_window must be positive")
 
 
-def confidence(root_log_probs: torch.Tensor, top_k: int) -> float:
-    """alpha = 1 - H / log k over the renormalised top-k probabilities: 1 for one-hot, 0 for uniform."""
+def confidence_tensor(root_log_probs: torch.Tensor, top_k: int) -> torch.Tensor:
+    """alpha = 1 - H / log k over the renormalised top-k probabilities, on the device: 1 for one-hot, 0 for uniform."""
     top = root_log_probs.topk(top_k).values.float()
     p = torch.softmax(top, dim=-1)
     entropy = -(p * p.clamp_min(1e-30).log()).sum()
-    return float((1.0 - entropy / math.log(top_k)).clamp(0.0, 1.0))
+    return (1.0 - entropy / math.log(top_k)).clamp(0.0, 1.0)
+
+
+def confidence(root_log_probs: torch.Tensor, top_k: int) -> float:
+    """alpha as a number (reading it from the device)."""
+    return float(confidence_tensor(root_log_probs, top_k))
 
 
 class AdaptiveTreePlan(TreePlan):
@@ -154,9 +159,15 @@ class SagePolicy(TreePolicy):
             self.depth_for(self.alpha), self.width_for(self.alpha), c.max_nodes, c.top_k, c.threshold_scale
         )
 
+    def statistics(self, root_log_probs: torch.Tensor) -> torch.Tensor:
+        return confidence_tensor(root_log_probs, self.config.top_k)[None]
+
     def observe(self, step: StepOutcome) -> None:
         self._steps += 1
-        self.alpha = confidence(step.root_log_probs, self.config.top_k)
+        if step.statistics is None:
+            self.alpha = confidence(step.root_log_probs, self.config.top_k)
+        else:
+            self.alpha = step.statistics[0]
         self.record_acceptance(step.accepted)
 
     def record_acceptance(self, accepted: int) -> None:

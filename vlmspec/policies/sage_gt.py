@@ -121,6 +121,7 @@ class SageGtPolicy(TreePolicy):
     """SAGE's trees sized by measured cost; what it learns (costs, calibration, rate) outlives each call."""
 
     name = "sage-gt"
+    reads_tree = True
 
     def __init__(self, config: SageGtConfig | None = None):
         self.config = config or SageGtConfig()
@@ -158,6 +159,9 @@ class SageGtPolicy(TreePolicy):
         """Whether the cost model has seen enough steps to size trees."""
         return self.cost.observations >= self.config.warmup_steps and self.rate is not None
 
+    def statistics(self, root_log_probs: torch.Tensor) -> torch.Tensor:
+        return self.sage.statistics(root_log_probs)
+
     def plan(self) -> TreePlan:
         sage_plan = self.sage.plan()
         if self._first_step or not self.ready:
@@ -189,11 +193,13 @@ class SageGtPolicy(TreePolicy):
             draft_seconds=step.draft_seconds,
         )
         self._prediction = None
+        parents = tree.parents if step.tree_parents is None else step.tree_parents
+        log_probs = tree.log_probs if step.tree_log_probs is None else step.tree_log_probs
         if self.ready:
-            expected = self.calibration.expected_accepted(tree.parents, tree.log_probs)
+            expected = self.calibration.expected_accepted(parents, log_probs)
             self._prediction = (1.0 + expected, self.cost.predict(measured))
         self.cost.add(measured)
-        self.calibration.observe(tree.parents, tree.log_probs, step.path)
+        self.calibration.observe(parents, log_probs, step.path)
         self._record_rate(step.accepted + 1, step.seconds)
         self._contexts = (step.target_context + step.accepted + 1, step.draft_context + step.accepted + 1)
         self._first_step = False

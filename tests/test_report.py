@@ -1,0 +1,73 @@
+"""The end of a step on the device: the tokens to emit, EOS and the budget settled there, and one read for the host."""
+
+from __future__ import annotations
+
+import torch
+
+from vlmspec.engine.accept import accept_greedy
+from vlmspec.engine.report import emitted_tokens, read_step
+from vlmspec.engine.tree import TreeBuilder
+from vlmspec.eval.profile import LaunchCounter
+
+EOS = torch.tensor([99])
+
+
+def chain_tree(tokens: list[int]):
+    """root(10) followed by a chain of `tokens`."""
+    builder = TreeBuilder(len(tokens), torch.device("cpu"))
+    builder.start(torch.tensor(10))
+    for depth, token in enumerate(tokens):
+        builder.add_level(torch.tensor([depth]), torch.tensor([token]), torch.tensor([-0.1]), torch.tensor([0]))
+    return builder.build()
+
+
+def settle(tokens: list[int], choice: list[int], room: int = 100, **kwargs):
+    tree = chain_tree(tokens)
+    verdict = accept_greedy(tree, torch.tensor(choice))
+    emitted = emitted_tokens(tree, verdict)
+    return emitted, read_step(tree, verdict, emitted, EOS, room, torch.tensor(0), **kwargs)
+
+
+def test_the_accepted_draft_tokens_come_first_then_the_bonus_token():
+    emitted, report = settle([11, 12, 13], choice=[11, 12, 55, 0])
+    assert emitted[:3].tolist() == [11, 12, 55]
+    assert (report.accepted, report.count, report.finished) == (2, 3, False)
+    assert report.tokens[: report.count] == [11, 12, 55] and report.path == [0, 1, 2]
+
+
+def test_emission_stops_after_the_first_eos():
+    _, report = settle([11, 99, 13], choice=[11, 99, 13, 7])
+    assert (report.accepted, report.count, report.finished) == (3, 2, True)
+    assert report.tokens[: report.count] == [11, 99]
+
+
+def test_an_eos_bonus_token_ends_decoding():
+    _, report = settle([11, 12], choice=[11, 99, 0])
+    assert (report.count, report.finished) == (2, True)
+
+
+def test_emission_stops_at_the_budget():
+    _, report = settle([11, 12, 13], choice=[11, 12, 13, 14], room=2)
+    assert (report.accepted, report.count, report.finished) == (3, 2, True)
+
+
+def test_filling_the_budget_exactly_finishes():
+    _, report = settle([11], choice=[11, 12], room=2)
+    assert (report.count, report.finished) == (2, True)
+
+
+def test_policy_statistics_and_the_tree_come_back_with_the_step():
+    _, report = settle([11, 12], choice=[11, 5, 0], statistics=torch.tensor([0.25]), with_tree=True)
+    assert report.statistics == [0.25]
+    assert report.tree_parents == [-1, 0, 1]
+    assert report.tree_log_probs == [0.0, torch.tensor(-0.1).item(), torch.tensor(-0.1).item()]
+
+
+def test_a_step_reads_the_device_once():
+    tree = chain_tree([11, 12, 13])
+    counter = LaunchCounter(torch.nn.Identity())
+    with counter.counting():
+        verdict = accept_greedy(tree, torch.tensor([11, 12, 5, 0]))
+        emitted = emitted_tokens(tree, verdict)
+        read_step(tree, verdict, emitted, EOS, 10, torch.tensor(1), torch.tensor([0.5]), with_tree=True)
+    assert counter.reads["own"] == 1

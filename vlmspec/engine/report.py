@@ -1,0 +1,87 @@
+"""The end of a step on the device, and the one read that tells the host what it must know.
+
+Acceptance leaves a `Verdict` on the device. From it, the tokens to emit (the accepted draft tokens, then the bonus
+token), the first EOS among them and the token budget are settled on the device too; everything the host needs
+(how many tokens to emit and which, whether to stop, the accepted path for the caches, the policy's statistics) is
+packed into one tensor and read at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .accept import Verdict
+from .tree import DraftTree
+
+
+@dataclass
+class StepReport:
+    """One step as the host sees it, after its single read.
+
+    `count` tokens of `tokens` are emitted (the accepted draft tokens, then the bonus token, cut after the first
+    EOS and at the budget); `finished` says decoding stops. `path` holds the accepted nodes from the root on.
+    `statistics` are the policy's values; `tree_parents`/`tree_log_probs` the tree's, when asked for.
+    """
+
+    accepted: int
+    count: int
+    finished: bool
+    greedy_depth: int
+    tokens: list[int]
+    path: list[int]
+    statistics: list[float]
+    tree_parents: list[int] | None = None
+    tree_log_probs: list[float] | None = None
+
+
+def emitted_tokens(tree: DraftTree, verdict: Verdict) -> torch.Tensor:
+    """`(tree.depth + 1,)`: the accepted draft tokens, then the bonus token (what follows it is padding)."""
+    tokens = torch.cat([tree.tokens[verdict.path[1:]], verdict.bonus[None]])
+    return tokens.scatter(0, verdict.accepted[None], verdict.bonus[None])
+
+
+def read_step(
+    tree: DraftTree,
+    verdict: Verdict,
+    tokens: torch.Tensor,
+    eos_token_ids: torch.Tensor,
+    room: int,
+    greedy_depth: torch.Tensor,
+    statistics: torch.Tensor | None = None,
+    with_tree: bool = False,
+) -> StepReport:
+    """Settle EOS and the budget (`room` tokens left) on the device, then read the step's results in one go."""
+    device = tokens.device
+    offered = verdict.accepted + 1
+    positions = torch.arange(tokens.shape[0], device=device)
+    is_eos = torch.isin(tokens, eos_token_ids) & (positions < offered)
+    hit = is_eos.any()
+    count = torch.where(hit, is_eos.to(torch.uint8).argmax() + 1, offered)
+    finished = hit | (count >= room)
+    parts = [
+        torch.stack([verdict.accepted, count.clamp_max(room), finished.long(), greedy_depth.to(device)]),
+        tokens,
+        verdict.path,
+    ]
+    statistics = torch.empty(0, device=device) if statistics is None else statistics.to(device)
+    parts.append(statistics)
+    if with_tree:
+        parts += [tree.parents, tree.log_probs]
+    values = torch.cat([p.to(torch.float64) for p in parts]).tolist()
+    n, depth, stats = tree.size, tokens.shape[0], statistics.shape[0]
+    head, values = values[:4], values[4:]
+    tokens_host, path, values = values[:depth], values[depth : 2 * depth], values[2 * depth :]
+    accepted = int(head[0])
+    return StepReport(
+        accepted=accepted,
+        count=int(head[1]),
+        finished=bool(head[2]),
+        greedy_depth=int(head[3]),
+        tokens=[int(t) for t in tokens_host],
+        path=[int(i) for i in path[: accepted + 1]],
+        statistics=values[:stats],
+        tree_parents=[int(i) for i in values[stats : stats + n]] if with_tree else None,
+        tree_log_probs=values[stats + n :] if with_tree else None,
+    )
