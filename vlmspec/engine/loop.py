@@ -151,6 +151,7 @@ class SpeculativeDecoder:
                 sink.close()
             stats.new_tokens += sink.new_tokens
             sequences.append(sink.sequence)
+        timer.collect(wait=True)
         stats.finish(time.perf_counter() - started)
         return sequences, stats
 
@@ -227,6 +228,7 @@ class SpeculativeDecoder:
                     policy.statistics(drafted.root_log_probs),
                     policy.reads_tree,
                 )
+                timer.collect()
             with timer("tree_update"):
                 accepted = report.accepted
                 target.keep(target_start, verdict.path[: accepted + 1])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -66,23 +67,49 @@ class SpecStats:
 
 
 class PhaseTimer:
-    """Adds wall time to `stats.phase_seconds[name]` (and keeps each phase's last span in `last`); on CUDA it
-    synchronises so that time lands in its phase."""
+    """Adds each phase's time to `stats.phase_seconds[name]` and keeps the last span of each phase in `last`.
+
+    On the CPU a phase is the wall time between its edges. On CUDA its edges are events recorded on the stream,
+    with no synchronisation: `collect()` resolves the phases whose events have completed (the loop calls it right
+    after a step's one read, when everything recorded before the read has) and, with `wait`, all of them.
+    """
 
     def __init__(self, stats: SpecStats, device: torch.device):
         self.stats = stats
-        self.sync = torch.cuda.synchronize if device.type == "cuda" else None
+        self.cuda = device.type == "cuda"
+        self.device = device
         self.last: dict[str, float] = dict.fromkeys(PHASES, 0.0)
+        self._pending: list[tuple[str, Any, Any]] = []
 
     @contextmanager
     def __call__(self, name: str):
-        if self.sync:
-            self.sync()
-        start = time.perf_counter()
+        start = self._mark()
         try:
             yield
         finally:
-            if self.sync:
-                self.sync()
-            self.last[name] = time.perf_counter() - start
-            self.stats.phase_seconds[name] += self.last[name]
+            self._pending.append((name, start, self._mark()))
+            if not self.cuda:
+                self.collect()
+
+    def _mark(self) -> Any:
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(self.device))
+        return event
+
+    def collect(self, wait: bool = False) -> None:
+        """Book the phases that have finished on the device (every pending one, waiting for it, with `wait`)."""
+        still = []
+        for name, start, end in self._pending:
+            if not self.cuda:
+                seconds = end - start
+            elif wait or end.query():
+                end.synchronize()
+                seconds = start.elapsed_time(end) / 1000
+            else:
+                still.append((name, start, end))
+                continue
+            self.last[name] = seconds
+            self.stats.phase_seconds[name] += seconds
+        self._pending = still

@@ -82,10 +82,11 @@ class RankTreePlan(TreePlan):
             frontier = children
         self._device_masks: dict[torch.device, list[torch.Tensor]] = {}
         self._device_children: dict[torch.device, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._width = float(sum(len(p) == 1 for p in self.paths))
 
     @property
     def width(self) -> float:
-        return float(self._masks[0].sum())
+        return self._width
 
     def select(
         self, level: int, parent_log_probs: torch.Tensor, child_log_probs: torch.Tensor, budget: int
