@@ -325,7 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     profile.add_argument("--suite", choices=["image", "video", "long-video"], default="image")
     profile.add_argument("--policies", default="chain,static-tree,sage,sage-gt", help="comma-separated")
-    profile.add_argument("--max-new-tokens", type=_number(int, 2), default=64)
+    profile.add_argument("--max-new-tokens", type=_number(int, 3), default=64)
     profile.add_argument("--model", help="target (default: the demo pair)")
     profile.add_argument("--draft", help="draft (default: the demo pair)")
     profile.set_defaults(run=_profile)

@@ -24,7 +24,8 @@ class Drafted:
 
     `greedy_depth` (on the device) is how far the draft's own top-1 path reaches in the tree: with the target as its
     own draft, exactly that many tokens are accepted. `forwards` and `fed_tokens` count the draft forwards and their
-    tokens.
+    tokens. When a masked plan padded the levels, `slots` maps each tree node to its slot among the tokens the
+    draft was fed (its cache position after the pending tokens); None when they coincide.
     """
 
     tree: DraftTree
@@ -33,6 +34,7 @@ class Drafted:
     greedy_depth: torch.Tensor
     forwards: int
     fed_tokens: int
+    slots: torch.Tensor | None = None
 
 
 class Drafter:
@@ -90,8 +92,10 @@ class Drafter:
         `sequence` (1, T) is everything emitted so far, ending with the root; `processing` the config's processors.
         The tree stops at `max_depth` levels (the tokens left in the budget, less the bonus token), if given.
         """
-        if plan.max_nodes + 1 > self.builder.capacity or self.builder.tokens.device != self.runner.device:
-            self.builder = TreeBuilder(max(plan.max_nodes, self.builder.capacity - 1), self.runner.device)
+        depth = plan.depth if max_depth is None else max(0, min(plan.depth, max_depth))
+        slots = plan.max_nodes * (depth if plan.masked else 1)
+        if slots + 1 > self.builder.capacity or self.builder.tokens.device != self.runner.device:
+            self.builder = TreeBuilder(max(slots, self.builder.capacity - 1), self.runner.device)
         runner, builder = self.runner, self.builder
         root = pending[-1]
         pending = pending.clamp_max(self.input_limit - 1)
@@ -105,18 +109,32 @@ class Drafter:
         frontier = slice(0, 1)
         child_log_probs, child_order = root_log_probs[None], root_order[None]
         cached_nodes, cached_depth, forwards, fed_tokens = 0, 0, 1, pending.shape[0]
-        depth = plan.depth if max_depth is None else max(0, min(plan.depth, max_depth))
+        real_nodes = torch.zeros((), dtype=torch.long, device=runner.device)
         for level in range(1, depth + 1):
             top = child_order.topk(plan.top_k, dim=-1).indices
             top_log_probs = child_log_probs.gather(-1, top)
             parent_log_probs = builder.log_probs[frontier]
-            rows, ranks = plan.children(level, parent_log_probs, top_log_probs, plan.max_nodes - (builder.size - 1))
+            if plan.masked:
+                count = min((frontier.stop - frontier.start) * plan.max_children(level), plan.max_nodes)
+                binds = builder.size - 1 + count > plan.max_nodes
+                budget = plan.max_nodes - real_nodes if binds else None
+                rows, ranks, valid = plan.slots(level, parent_log_probs, top_log_probs, budget, count)
+                real_nodes = real_nodes + valid.sum()
+            else:
+                budget = plan.max_nodes - (builder.size - 1)
+                rows, ranks = plan.children(level, parent_log_probs, top_log_probs, budget)
+                valid = None
             if rows.shape[0] == 0:
                 break
             new = builder.add_level(
-                rows + frontier.start, top[rows, ranks], parent_log_probs[rows] + top_log_probs[rows, ranks], ranks
+                rows + frontier.start,
+                top[rows, ranks],
+                parent_log_probs[rows] + top_log_probs[rows, ranks],
+                ranks,
+                valid,
             )
-            if level == depth or builder.size - 1 >= plan.max_nodes or not plan.grows(level):
+            full = not plan.masked and builder.size - 1 >= plan.max_nodes
+            if level == depth or full or not plan.grows(level):
                 break
             frontier = new
             bias = additive_mask(runner.length - cached_nodes, builder.ancestors[new, 1 : new.stop], runner.dtype)
@@ -126,4 +144,5 @@ class Drafter:
                 logits, processing, sequence, None if processing is None else builder.ancestors[new, : builder.size]
             )
             cached_nodes, cached_depth = new.stop - 1, level
-        return Drafted(builder.build(), root_log_probs, cached_depth, builder.greedy_depth(), forwards, fed_tokens)
+        tree, greedy_depth, slots = builder.finish()
+        return Drafted(tree, root_log_probs, cached_depth, greedy_depth, forwards, fed_tokens, slots)

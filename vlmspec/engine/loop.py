@@ -234,7 +234,10 @@ class SpeculativeDecoder:
                 target.keep(target_start, verdict.path[: accepted + 1])
                 in_draft = min(accepted, drafted.cached_depth)
                 fed_pending = pending.shape[0]
-                draft_path = verdict.path[1 : in_draft + 1].to(draft.device) + (fed_pending - 1)
+                draft_path = verdict.path[1 : in_draft + 1].to(draft.device)
+                if drafted.slots is not None:
+                    draft_path = drafted.slots[draft_path]
+                draft_path = draft_path + (fed_pending - 1)
                 draft.keep(draft_start, torch.cat([torch.arange(fed_pending, device=draft.device), draft_path]))
                 pending = tokens[in_draft : accepted + 1].to(draft.device)
                 model_seconds = timer.last["drafting"] + timer.last["verification"]

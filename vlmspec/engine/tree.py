@@ -70,9 +70,12 @@ class TreeBuilder:
         self.depths = torch.zeros(self.capacity, dtype=torch.long, device=device)
         self.log_probs = torch.zeros(self.capacity, device=device)
         self.ranks = torch.zeros(self.capacity, dtype=torch.long, device=device)
+        self.valid = torch.ones(self.capacity, dtype=torch.bool, device=device)
         self.ancestors = torch.zeros(self.capacity, self.capacity, dtype=torch.bool, device=device)
         self.size = 0
         self.levels = 0
+        self.level_ends: list[int] = []
+        self.masked = False
 
     def start(self, root_token: torch.Tensor) -> None:
         """Reset to a single root node holding `root_token`."""
@@ -84,12 +87,20 @@ class TreeBuilder:
         self.ancestors[0, 0] = True
         self.size = 1
         self.levels = 0
+        self.level_ends = [1]
+        self.masked = False
 
     def add_level(
-        self, parents: torch.Tensor, tokens: torch.Tensor, log_probs: torch.Tensor, ranks: torch.Tensor
+        self,
+        parents: torch.Tensor,
+        tokens: torch.Tensor,
+        log_probs: torch.Tensor,
+        ranks: torch.Tensor,
+        valid: torch.Tensor | None = None,
     ) -> slice:
         """Append the next level: children of `parents` (nodes of the last level) with draft rank `ranks`; returns
-        the new nodes' slice."""
+        the new nodes' slice. Slots not `valid` are padding: their path log-probability is -inf, and `build()` drops
+        them."""
         m = parents.shape[0]
         if self.size + m > self.capacity:
             raise ValueError(f"tree capacity {self.capacity - 1} exceeded")
@@ -98,23 +109,22 @@ class TreeBuilder:
         self.tokens[new] = tokens
         self.parents[new] = parents
         self.depths[new] = self.levels
-        self.log_probs[new] = log_probs
+        if valid is None:
+            self.log_probs[new] = log_probs
+            self.valid[new] = True
+        else:
+            self.log_probs[new] = log_probs.masked_fill(~valid, -torch.inf)
+            self.valid[new] = valid
+            self.masked = True
         self.ranks[new] = ranks
         self.ancestors[new] = self.ancestors[parents]
         self.ancestors[new, new].fill_diagonal_(True)
         self.size += m
+        self.level_ends.append(self.size)
         return new
 
-    def greedy_depth(self) -> torch.Tensor:
-        """How deep the draft's own top-1 path reaches (on the device): the deepest node whose path is all rank-0
-        children."""
-        n = self.size
-        off_greedy = self.ranks[:n] != 0
-        on_path = ~(self.ancestors[:n, :n] & off_greedy[None, :]).any(dim=1)
-        return (self.depths[:n] * on_path).max()
-
     def build(self) -> DraftTree:
-        """A view of the current tree (valid until the next `start`)."""
+        """A view of the tree grown so far, padding slots included (valid until the next `start`)."""
         n = self.size
         return DraftTree(
             tokens=self.tokens[:n],
@@ -124,3 +134,45 @@ class TreeBuilder:
             ancestors=self.ancestors[:n, :n],
             depth=self.levels,
         )
+
+    def finish(self) -> tuple[DraftTree, torch.Tensor, torch.Tensor | None]:
+        """The tree grown so far, how deep the draft's own top-1 path reaches in it (on the device: the deepest node
+        whose path is all rank-0 children), and, when levels were padded, the slot of each of its nodes.
+
+        Without padding the tree is a view (valid until the next `start`). With padding, the one read of which slots
+        are real gives the tree's size, and its nodes are gathered in order.
+        """
+        n = self.size
+        if not self.masked:
+            tree = self.build()
+            return tree, _greedy_depth(self.ranks[:n], tree.ancestors, tree.depths), None
+        real = [i for i, keep in enumerate(self.valid[:n].tolist()) if keep]
+        slots = torch.tensor(real, device=self.tokens.device)
+        new_index = torch.zeros(n, dtype=torch.long)
+        new_index[real] = torch.arange(len(real))
+        parents = new_index.to(self.tokens.device)[self.parents[slots].clamp_min(0)]
+        parents[0] = -1
+        ancestors = self.ancestors[slots][:, slots]
+        depths = self.depths[slots]
+        tree = DraftTree(
+            tokens=self.tokens[slots],
+            parents=parents,
+            depths=depths,
+            log_probs=self.log_probs[slots],
+            ancestors=ancestors,
+            depth=self._level_of(real[-1]),
+        )
+        return tree, _greedy_depth(self.ranks[slots], ancestors, depths), slots
+
+    def _level_of(self, slot: int) -> int:
+        """The level of `slot`, from the host's record of level sizes."""
+        for level, end in enumerate(self.level_ends):
+            if slot < end:
+                return level
+        return self.levels
+
+
+def _greedy_depth(ranks: torch.Tensor, ancestors: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
+    """The deepest node whose path is all rank-0 children, on the device."""
+    on_path = ~(ancestors & (ranks != 0)[None, :]).any(dim=1)
+    return (depths * on_path).max()

@@ -6,8 +6,8 @@ Two counts, per step and per emitted token, for each policy beside plain `genera
 - host reads: the calls that make a GPU's host wait for the device: `item`, `bool`/`int`/`float`/`index` of a
   tensor, `tolist`, `cpu`, `numpy`, `nonzero`, `masked_select`, `unique`, `argwhere`, and indexing with a
   boolean mask.
-A step's counts are those of a call with `max_new_tokens=N` less those of a call that only prefills and picks the
-first token, divided by the steps in between, so prompt processing is left out.
+A step's counts are those of a call with `max_new_tokens=N` less those of a call with 2 (both prefills and the
+first step), divided by the steps in between, so prompt processing is left out.
 """
 
 from __future__ import annotations
@@ -124,14 +124,15 @@ class Profile:
         return counts
 
 
-def _difference(counter: LaunchCounter, run, new_tokens: int) -> tuple[Counter, Counter, Any]:
-    """Counts of `run(new_tokens)` less those of `run(1)`, and what the longer run returned."""
+def _difference(counter: LaunchCounter, run, new_tokens: int) -> tuple[Counter, Counter, tuple[float, float]]:
+    """Counts of `run(new_tokens)` less those of `run(2)`, and the (steps, tokens) between them; `run(n)` returns
+    the steps and tokens of its call."""
     with counter.counting():
-        run(1)
+        short = run(2)
     launches, reads = Counter(counter.launches), Counter(counter.reads)
     with counter.counting():
-        result = run(new_tokens)
-    return counter.launches - launches, counter.reads - reads, result
+        long = run(new_tokens)
+    return counter.launches - launches, counter.reads - reads, (long[0] - short[0], long[1] - short[1])
 
 
 def profile_generate(target: torch.nn.Module, inputs: dict, new_tokens: int, config: str) -> Profile:
@@ -139,14 +140,16 @@ def profile_generate(target: torch.nn.Module, inputs: dict, new_tokens: int, con
     counter = LaunchCounter(target)
     settings = dict(CONFIGS[config])
     prompt = inputs["input_ids"].shape[1]
+
+    def run(n: int) -> tuple[int, int]:
+        tokens = target.generate(**inputs, max_new_tokens=n, **settings).shape[1] - prompt
+        return tokens, tokens
+
     try:
-        launches, reads, out = _difference(
-            counter, lambda n: target.generate(**inputs, max_new_tokens=n, **settings), new_tokens
-        )
+        launches, reads, (steps, tokens) = _difference(counter, run, new_tokens)
     finally:
         counter.remove()
-    tokens = out.shape[1] - prompt - 1
-    return Profile("generate", config, tokens, tokens, _full(launches), _full(reads))
+    return Profile("generate", config, steps, tokens, _full(launches), _full(reads))
 
 
 def profile_policy(spec: SpeculativeVLM, policy: str, inputs: dict, new_tokens: int, config: str) -> Profile:
@@ -154,14 +157,16 @@ def profile_policy(spec: SpeculativeVLM, policy: str, inputs: dict, new_tokens: 
     runner = spec.with_options(policy, pruning=None)
     counter = LaunchCounter(spec.target, spec.draft)
     settings = dict(CONFIGS[config])
+
+    def run(n: int) -> tuple[int, int]:
+        runner.generate(**inputs, max_new_tokens=n, **settings)
+        return runner.last_stats.iterations, runner.last_stats.new_tokens
+
     try:
-        launches, reads, _ = _difference(
-            counter, lambda n: runner.generate(**inputs, max_new_tokens=n, **settings), new_tokens
-        )
+        launches, reads, (steps, tokens) = _difference(counter, run, new_tokens)
     finally:
         counter.remove()
-    stats = runner.last_stats
-    return Profile(policy, config, stats.iterations, stats.new_tokens - 1, _full(launches), _full(reads))
+    return Profile(policy, config, steps, tokens, _full(launches), _full(reads))
 
 
 def _full(counts: Counter) -> dict[str, float]:

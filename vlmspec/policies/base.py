@@ -19,11 +19,16 @@ if TYPE_CHECKING:
 
 
 class TreePlan(ABC):
-    """How to grow one tree: its maximum depth, node budget, candidates per node and a selection rule."""
+    """How to grow one tree: its maximum depth, node budget, candidates per node and a selection rule.
+
+    A `masked` plan's choices depend on the draft's probabilities: its levels are grown as fixed numbers of slots
+    (`slots`), the children it rejects masked rather than removed, so growing the tree never waits for the device.
+    """
 
     depth: int
     max_nodes: int
     top_k: int
+    masked: bool = False
 
     @abstractmethod
     def select(
@@ -40,6 +45,26 @@ class TreePlan(ABC):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The selected children as (frontier row, rank) index pairs, ordered by row then rank."""
         return self.select(level, parent_log_probs, child_log_probs, budget).nonzero(as_tuple=True)
+
+    def max_children(self, level: int) -> int:
+        """The most children one node can get at `level` (a bound on the host, for sizing masked levels)."""
+        return self.top_k
+
+    def slots(
+        self,
+        level: int,
+        parent_log_probs: torch.Tensor,
+        child_log_probs: torch.Tensor,
+        budget: torch.Tensor | None,
+        count: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`count` (frontier row, rank) pairs, the selected children first (by row, then rank) and padding after,
+        and which are selected; `budget` (on the device) is how many nodes may still be added, None when it cannot
+        bind. Fixed shapes."""
+        keep = self.select(level, parent_log_probs, child_log_probs, budget).flatten()
+        order = torch.argsort((~keep).to(torch.uint8), stable=True)[:count]
+        k = child_log_probs.shape[1]
+        return order // k, order % k, keep[order]
 
     def grows(self, level: int) -> bool:
         """Whether to run the draft over level `level`'s nodes to propose level `level + 1` (below `depth`)."""

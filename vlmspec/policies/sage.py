@@ -69,7 +69,12 @@ def confidence(root_log_probs: torch.Tensor, top_k: int) -> float:
 
 
 class AdaptiveTreePlan(TreePlan):
-    """A tree of depth `depth` and first-level width `width`, pruned by width decay and path-probability thresholds."""
+    """A tree of depth `depth` and first-level width `width`, pruned by width decay and path-probability thresholds.
+
+    Masked: every level is a fixed number of slots, so the draft runs `depth` levels whatever the thresholds leave.
+    """
+
+    masked = True
 
     def __init__(self, depth: int, width: float, max_nodes: int, top_k: int, threshold_scale: float):
         self.depth = depth
@@ -88,6 +93,11 @@ class AdaptiveTreePlan(TreePlan):
         if level == 1:
             return torch.full_like(parent_log_probs, self._width)
         return self._width / level * (0.5 + parent_log_probs.exp())
+
+    def max_children(self, level: int) -> int:
+        """ceil(W) at the first level; below, W / l * (0.5 + P_parent) with P_parent at most 1."""
+        bound = self._width if level == 1 else self._width / level * 1.5
+        return min(self.top_k, math.ceil(bound))
 
     def rank_row(self, k: int, device: torch.device) -> torch.Tensor:
         """Ranks 0..k-1 as floats (compared with real-valued widths), made once per plan."""
@@ -109,8 +119,15 @@ class AdaptiveTreePlan(TreePlan):
         return self.within_budget(keep, cumulative, budget)
 
     @staticmethod
-    def within_budget(keep: torch.Tensor, scores: torch.Tensor, budget: int) -> torch.Tensor:
-        """`keep` cut to its `budget` best-scoring entries when it holds more (checked only when it could)."""
+    def within_budget(keep: torch.Tensor, scores: torch.Tensor, budget: int | torch.Tensor | None) -> torch.Tensor:
+        """`keep` cut to its `budget` best-scoring entries when it holds more (checked only when it could); a budget
+        on the device cuts by rank, without reading it; None is no budget."""
+        if budget is None:
+            return keep
+        if isinstance(budget, torch.Tensor):
+            order = scores.masked_fill(~keep, float("-inf")).flatten().argsort(descending=True, stable=True)
+            rank = torch.empty_like(order).scatter_(0, order, torch.arange(order.shape[0], device=order.device))
+            return keep & (rank < budget).view_as(keep)
         if keep.numel() <= budget or int(keep.sum()) <= budget:
             return keep
         best = scores.masked_fill(~keep, float("-inf")).flatten().topk(budget).indices

@@ -64,8 +64,10 @@ class CostAwareTreePlan(AdaptiveTreePlan):
     node's time could have produced at the achieved rate); with `explore`, the best first-level child is kept
     whatever its value. A level is drafted below the current one when the current level's value times the
     chance that a path goes on exceeds `forward_floor[0] + forward_floor[1] * nodes`, the tokens a draft forward
-    over them costs.
+    over them costs. Not masked: whether a level pays is read from the device level by level.
     """
+
+    masked = False
 
     def __init__(
         self,
