@@ -19,15 +19,6 @@ from .policies import SageConfig, TreePolicy, resolve_policy
 from .processors import load_processor
 from .pruning import PruningConfig, resolve_pruning
 
-_SPECIAL_TOKEN_ATTRIBUTES = (
-    "image_token_id",
-    "video_token_id",
-    "vision_start_token_id",
-    "vision_end_token_id",
-    "image_token_index",
-    "video_token_index",
-)
-
 
 def check_vocabularies(target: PreTrainedModel, draft: PreTrainedModel, vocab_size: int | None = None) -> int:
     """Refuse a pair whose multimodal special tokens differ; returns how many ids the draft may propose.
@@ -42,7 +33,7 @@ def check_vocabularies(target: PreTrainedModel, draft: PreTrainedModel, vocab_si
             f"the tokenizer has {vocab_size} tokens but the target's head has {target_vocab} "
             f"and the draft's {draft_vocab}"
         )
-    for name in _SPECIAL_TOKEN_ATTRIBUTES:
+    for name in adapter_for(target).special_token_attributes:
         t, d = _config_value(target.config, name), _config_value(draft.config, name)
         if t is not None and d is not None and t != d:
             raise VocabularyMismatchError(f"{name} is {d} in the draft but {t} in the target")

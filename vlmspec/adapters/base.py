@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import Cache
+from transformers.models.llama.modeling_llama import rotate_half
 
 
 @dataclass
@@ -49,6 +50,11 @@ class ModelAdapter(ABC):
     position_only_keys: ClassVar[tuple[str, ...]] = ()
     #: Modules that `"8bit"`/`"4bit"` presets leave unquantised (vision tower, projector, output head).
     quantization_skip_modules: ClassVar[tuple[str, ...]] = ("lm_head",)
+    #: Inputs that carry video (a prompt with any of them is pruned at the video ratio).
+    video_input_keys: ClassVar[tuple[str, ...]] = ("pixel_values_videos",)
+    #: Config attributes (of the model's or its text config) naming the multimodal special tokens, which a target
+    #: and its draft must share.
+    special_token_attributes: ClassVar[tuple[str, ...]] = ("image_token_id", "video_token_id")
 
     def __init__(self, model: PreTrainedModel):
         self.model = model
@@ -72,6 +78,23 @@ class ModelAdapter(ABC):
     def attention_modules(self) -> list[torch.nn.Module]:
         """The self-attention module of every decoder layer, in order."""
         return [layer.self_attn for layer in self.language_model.layers]
+
+    def has_video(self, inputs: dict[str, Any]) -> bool:
+        """Whether the prompt's inputs hold a video."""
+        return any(inputs.get(key) is not None for key in self.video_input_keys)
+
+    def text_queries(
+        self, module: torch.nn.Module, hidden: torch.Tensor, position_embeddings: tuple, rows: torch.Tensor
+    ) -> torch.Tensor:
+        """The rotated queries `(1, heads, len(rows), head_dim)` attention `module` computes for prompt `rows`, rebuilt
+        from its input `hidden`: its query projection, the query norm where the family has one, then RoPE."""
+        q = module.q_proj(hidden[:, rows]).view(1, rows.shape[0], -1, module.head_dim)
+        if hasattr(module, "q_norm"):
+            q = module.q_norm(q)
+        q = q.transpose(1, 2)
+        cos, sin = position_embeddings
+        c, s = cos[:, rows].unsqueeze(1), sin[:, rows].unsqueeze(1)
+        return q * c + rotate_half(q) * s
 
     def new_cache(self) -> DynamicCache:
         return DynamicCache(config=self.model.config)

@@ -13,6 +13,7 @@ from .base import ModelAdapter, VisualLayout, split_runs
 class LlavaOnevisionAdapter(ModelAdapter):
     model_classes = ("LlavaOnevisionForConditionalGeneration",)
     quantization_skip_modules = ("model.vision_tower", "model.multi_modal_projector", "lm_head")
+    special_token_attributes = ("image_token_id", "video_token_id", "image_token_index", "video_token_index")
     input_keys = (
         "input_ids",
         "attention_mask",

@@ -14,6 +14,7 @@ class MRopeAdapter(ModelAdapter):
     prompt advances all three axes together."""
 
     position_only_keys = ("mm_token_type_ids",)
+    special_token_attributes = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
     #: Extra inputs `get_rope_index` reads besides ids, token types, grids and mask (e.g. seconds per grid).
     rope_index_keys: tuple[str, ...] = ()
 

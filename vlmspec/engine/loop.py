@@ -178,7 +178,7 @@ class SpeculativeDecoder:
         keep = None
         if prefill.prune:
             with timer("pruning"):
-                has_video = prefill.target_inputs.get("pixel_values_videos") is not None
+                has_video = self.target.adapter.has_video(prefill.target_inputs)
                 keep = pruning.keep_mask(prefill.layout, has_video, prefill.scores).to(draft.device)
         with timer("draft_prefill"):
             draft.prefill(prefill.draft_inputs, keep, room=prefill.room)

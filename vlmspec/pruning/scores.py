@@ -1,8 +1,8 @@
 """Verifier attention on visual tokens, measured while the target prefills, without full attention matrices.
 
-A hook after each chosen attention layer rebuilds the queries of the prompt's trailing text rows (those after the
-last visual token) from the layer's input, takes the rotated keys the layer just wrote to the cache, and
-computes softmax(q k^T) for those rows only: (heads x text rows x prompt) per layer, whatever attention kernel the
+A hook after each chosen attention layer has the adapter rebuild the queries of the prompt's trailing text rows
+(those after the last visual token) from the layer's input, takes the rotated keys the layer just wrote to the
+cache, and computes softmax(q k^T) for those rows only: (heads x text rows x prompt) per layer, whatever attention kernel the
 model runs. Scores are averaged over heads, text rows and layers.
 """
 
@@ -12,7 +12,6 @@ import time
 from collections.abc import Sequence
 
 import torch
-from transformers.models.llama.modeling_llama import rotate_half
 
 from ..adapters import ModelAdapter, VisualLayout
 
@@ -52,15 +51,9 @@ class VerifierScores:
     def _hook(self, module: torch.nn.Module, args: tuple, kwargs: dict, output) -> None:
         started = time.perf_counter()
         hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-        cos, sin = kwargs["position_embeddings"]
         keys = kwargs["past_key_values"].layers[module.layer_idx].keys
         rows = self.rows.to(hidden.device)
-        q = module.q_proj(hidden[:, rows]).view(1, rows.shape[0], -1, module.head_dim)
-        if hasattr(module, "q_norm"):
-            q = module.q_norm(q)
-        q = q.transpose(1, 2)
-        c, s = cos[:, rows].unsqueeze(1), sin[:, rows].unsqueeze(1)
-        q = q * c + rotate_half(q) * s
+        q = self.adapter.text_queries(module, hidden, kwargs["position_embeddings"], rows)
         keys = keys.repeat_interleave(q.shape[1] // keys.shape[1], dim=1)
         logits = (q @ keys.transpose(-1, -2)).float() * module.scaling
         future = torch.arange(keys.shape[2], device=keys.device)[None, :] > rows[:, None]
