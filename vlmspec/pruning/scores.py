@@ -2,8 +2,8 @@
 
 A hook after each chosen attention layer has the adapter rebuild the queries of the prompt's trailing text rows
 (those after the last visual token) from the layer's input, takes the rotated keys the layer just wrote to the
-cache, and computes softmax(q k^T) for those rows only: (heads x text rows x prompt) per layer, whatever attention kernel the
-model runs. Scores are averaged over heads, text rows and layers.
+cache, and computes softmax(q k^T) for those rows only: (heads x text rows x prompt) per layer, whatever attention
+kernel the model runs. Scores are averaged over heads, text rows and layers.
 """
 
 from __future__ import annotations
