@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import CASES, DEVICE, DRAFTS, on_device
 
-from vlmspec import SpeculativeVLM
+from vlmspec import SageConfig, SpeculativeVLM
 from vlmspec.adapters import adapter_for
 from vlmspec.engine.runner import ModelRunner
 from vlmspec.testing import chat_inputs, sample_frames
@@ -90,3 +90,18 @@ def test_processor_outputs_on_the_cpu_decode_on_the_models_device(qwen):
     settings = dict(do_sample=False, max_new_tokens=16, min_new_tokens=12)
     expected = qwen.target.generate(**qwen.cases["image"], **settings)
     assert torch.equal(spec.generate(**qwen.cpu_cases["image"], **settings).cpu(), expected.cpu())
+
+
+@pytest.mark.parametrize("case", ["image", "video", "long_prompt"])
+def test_sage_grows_the_same_trees_with_fixed_shapes(family, case):
+    """Levels of fixed slots with the rejected children masked (what accelerators run) give the trees, acceptance
+    and output of levels cut on the host."""
+    runs = []
+    for fixed_shapes in (True, False):
+        policy = SageConfig(fixed_shapes=fixed_shapes)
+        spec = SpeculativeVLM(family.target, family.drafts["noisy"], policy=policy)
+        out = spec.generate(**family.cases[case], max_new_tokens=32)
+        assert torch.equal(out, family.reference(case))
+        runs.append([(s.nodes, s.accepted, s.tree_depth, s.greedy_depth) for s in spec.last_stats.steps])
+    assert runs[0] == runs[1]
+    assert len({nodes for nodes, *_ in runs[0]}) > 1

@@ -93,7 +93,8 @@ class Drafter:
         The tree stops at `max_depth` levels (the tokens left in the budget, less the bonus token), if given.
         """
         depth = plan.depth if max_depth is None else max(0, min(plan.depth, max_depth))
-        slots = plan.max_nodes * (depth if plan.masked else 1)
+        masked = plan.masked if plan.masked is not None else self.runner.device.type != "cpu"
+        slots = plan.max_nodes * (depth if masked else 1)
         if slots + 1 > self.builder.capacity or self.builder.tokens.device != self.runner.device:
             self.builder = TreeBuilder(max(slots, self.builder.capacity - 1), self.runner.device)
         runner, builder = self.runner, self.builder
@@ -114,7 +115,7 @@ class Drafter:
             top = child_order.topk(plan.top_k, dim=-1).indices
             top_log_probs = child_log_probs.gather(-1, top)
             parent_log_probs = builder.log_probs[frontier]
-            if plan.masked:
+            if masked:
                 count = min((frontier.stop - frontier.start) * plan.max_children(level), plan.max_nodes)
                 binds = builder.size - 1 + count > plan.max_nodes
                 budget = plan.max_nodes - real_nodes if binds else None
@@ -133,7 +134,7 @@ class Drafter:
                 ranks,
                 valid,
             )
-            full = not plan.masked and builder.size - 1 >= plan.max_nodes
+            full = not masked and builder.size - 1 >= plan.max_nodes
             if level == depth or full or not plan.grows(level):
                 break
             frontier = new

@@ -7,7 +7,8 @@ Two counts, per step and per emitted token, for each policy beside plain `genera
   tensor, `tolist`, `cpu`, `numpy`, `nonzero`, `masked_select`, `unique`, `argwhere`, and indexing with a
   boolean mask.
 A step's counts are those of a call with `max_new_tokens=N` less those of a call with 2 (both prefills and the
-first step), divided by the steps in between, so prompt processing is left out.
+first step), divided by the steps in between, so prompt processing is left out. SAGE's trees are grown as on an
+accelerator (`SageConfig(fixed_shapes=True)`), whatever device runs the count.
 """
 
 from __future__ import annotations
@@ -22,9 +23,15 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..policies import SageConfig, SageGtConfig
 from ..speculative import SpeculativeVLM
 
 POLICIES = ("chain", "static-tree", "sage", "sage-gt")
+#: The policies as an accelerator runs them.
+_ON_ACCELERATORS = {
+    "sage": SageConfig(fixed_shapes=True),
+    "sage-gt": SageGtConfig(sage=SageConfig(fixed_shapes=True)),
+}
 #: Qwen2.5-VL-Instruct's released sampling settings (its generation_config.json).
 QWEN2_5_VL_RELEASED = dict(do_sample=True, top_k=1, top_p=0.001, temperature=0.1, repetition_penalty=1.05)
 CONFIGS = {"greedy": dict(do_sample=False), "qwen2.5-vl released": QWEN2_5_VL_RELEASED}
@@ -154,7 +161,7 @@ def profile_generate(target: torch.nn.Module, inputs: dict, new_tokens: int, con
 
 def profile_policy(spec: SpeculativeVLM, policy: str, inputs: dict, new_tokens: int, config: str) -> Profile:
     """Counts of `spec` with `policy` per decoding step and per emitted token."""
-    runner = spec.with_options(policy, pruning=None)
+    runner = spec.with_options(_ON_ACCELERATORS.get(policy, policy), pruning=None)
     counter = LaunchCounter(spec.target, spec.draft)
     settings = dict(CONFIGS[config])
 

@@ -23,12 +23,13 @@ class TreePlan(ABC):
 
     A `masked` plan's choices depend on the draft's probabilities: its levels are grown as fixed numbers of slots
     (`slots`), the children it rejects masked rather than removed, so growing the tree never waits for the device.
+    None means masked on accelerators only, where a read waits for the device.
     """
 
     depth: int
     max_nodes: int
     top_k: int
-    masked: bool = False
+    masked: bool | None = False
 
     @abstractmethod
     def select(
@@ -106,6 +107,7 @@ class RankTreePlan(TreePlan):
             self._masks.append(mask)
             frontier = children
         self._device_masks: dict[torch.device, list[torch.Tensor]] = {}
+        self._children = [m.nonzero(as_tuple=True) for m in self._masks]
         self._device_children: dict[torch.device, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self._width = float(sum(len(p) == 1 for p in self.paths))
 
@@ -126,7 +128,7 @@ class RankTreePlan(TreePlan):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         device = child_log_probs.device
         if device not in self._device_children:
-            self._device_children[device] = [tuple(m.to(device).nonzero(as_tuple=True)) for m in self._masks]
+            self._device_children[device] = [(rows.to(device), ranks.to(device)) for rows, ranks in self._children]
         return self._device_children[device][level - 1]
 
 

@@ -25,6 +25,12 @@ class SageConfig:
 
     `depth_max_floor`/`depth_max_ceiling` bound how far the history may move D_max. After the history moves D_max
     the window starts afresh, so each further move needs a full window of new evidence.
+
+    `fixed_shapes` grows every level as a fixed number of slots, the children the widths, thresholds and node cap
+    reject masked, so drafting never waits for the device (one read after drafting drops the padding); the draft
+    then runs all D levels. None (the default) does so on accelerators only: on a CPU a read costs nothing and
+    the draft stops at the first empty level instead (measured in docs/benchmarks.md). Either way the trees are
+    the same.
     """
 
     top_k: int = 10
@@ -41,6 +47,7 @@ class SageConfig:
     depth_max_floor: int = 3
     depth_max_ceiling: int = 12
     initial_tree: Sequence[Sequence[int]] = field(default_factory=lambda: SPECVLM_TREE)
+    fixed_shapes: bool | None = None
 
     def __post_init__(self):
         if not 1 <= self.depth_min <= self.depth_max:
@@ -71,12 +78,20 @@ def confidence(root_log_probs: torch.Tensor, top_k: int) -> float:
 class AdaptiveTreePlan(TreePlan):
     """A tree of depth `depth` and first-level width `width`, pruned by width decay and path-probability thresholds.
 
-    Masked: every level is a fixed number of slots, so the draft runs `depth` levels whatever the thresholds leave.
+    Masked (`masked`: True, or None for accelerators only): every level is a fixed number of slots, so the draft
+    runs `depth` levels whatever the thresholds leave.
     """
 
-    masked = True
-
-    def __init__(self, depth: int, width: float, max_nodes: int, top_k: int, threshold_scale: float):
+    def __init__(
+        self,
+        depth: int,
+        width: float,
+        max_nodes: int,
+        top_k: int,
+        threshold_scale: float,
+        masked: bool | None = None,
+    ):
+        self.masked = masked
         self.depth = depth
         self._width = width
         self.max_nodes = max_nodes
@@ -173,7 +188,12 @@ class SagePolicy(TreePolicy):
             return self._initial
         c = self.config
         return AdaptiveTreePlan(
-            self.depth_for(self.alpha), self.width_for(self.alpha), c.max_nodes, c.top_k, c.threshold_scale
+            self.depth_for(self.alpha),
+            self.width_for(self.alpha),
+            c.max_nodes,
+            c.top_k,
+            c.threshold_scale,
+            c.fixed_shapes,
         )
 
     def statistics(self, root_log_probs: torch.Tensor) -> torch.Tensor:

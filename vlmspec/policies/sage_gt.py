@@ -67,8 +67,6 @@ class CostAwareTreePlan(AdaptiveTreePlan):
     over them costs. Not masked: whether a level pays is read from the device level by level.
     """
 
-    masked = False
-
     def __init__(
         self,
         width: float,
@@ -80,7 +78,7 @@ class CostAwareTreePlan(AdaptiveTreePlan):
         forward_floor: tuple[float, float],
         explore: bool = False,
     ):
-        super().__init__(max_depth, width, max_nodes, top_k, threshold_scale=0.0)
+        super().__init__(max_depth, width, max_nodes, top_k, threshold_scale=0.0, masked=False)
         self.calibration = calibration
         self.node_floor = node_floor
         self.forward_floor = forward_floor
