@@ -18,12 +18,14 @@ class Verdict:
     """What a rule accepted, as device tensors of fixed shape.
 
     `path` (depth + 1,) holds the accepted node at each depth from the root on; entries past `accepted` are 0.
-    `accepted` () is how many draft tokens were accepted, `bonus` () the target's token after them.
+    `accepted` () is how many draft tokens were accepted, `bonus` () the target's token after them. `doubt` (), set
+    by a sampler, says the distribution drawn from may differ from `generate`'s (see `NodeProcessing`).
     """
 
     path: torch.Tensor
     accepted: torch.Tensor
     bonus: torch.Tensor
+    doubt: torch.Tensor | None = None
 
 
 def accept_greedy(tree: DraftTree, target_choice: torch.Tensor) -> Verdict:

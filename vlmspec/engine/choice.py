@@ -83,75 +83,64 @@ class NodeProcessing:
             scores[i : i + 1] = self.sequence_processors(ids, scores[i : i + 1])
         return scores
 
-    def distribution(self, scores: torch.Tensor, sequence: torch.Tensor) -> torch.Tensor:
-        """The warped distribution (m, V) `generate` samples from, given processed `scores` (m, V).
+    def distribution(
+        self, scores: torch.Tensor, sequence: torch.Tensor, compact: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The warped distribution (m, V) `generate` samples from, given processed `scores` (m, V), and whether it is
+        in doubt (a () bool on the device; read it with the step's results).
 
-        Warpers run one after another on the rows that still keep more than one token; a row they narrow to one
-        token is settled as one-hot (no later warper widens it), so a top-k of 1 costs one top-k and nothing more.
+        With `compact`, warpers after a top-k of k see only its k best columns (the cut tokens are -inf and no later
+        warper revives one), so top-p, typical-p and the like sort k values, not the vocabulary. That is `generate`'s
+        distribution unless the top-k kept more than k tokens (ties at its k-th value) or kept scores tie (a sort
+        does not order equal values as the full row's sort does): the doubt flag, after which the caller draws
+        afresh from the full rows (`compact=False`). Fixed shapes: nothing here waits for the device.
         """
-        probs = torch.zeros_like(scores)
-        rows = torch.arange(scores.shape[0], device=scores.device)
+        width = scores.shape[1]
         columns = None
+        doubt = torch.zeros((), dtype=torch.bool, device=scores.device)
         for warper in self.warpers:
-            scores, columns = self._warp(warper, scores, sequence, columns)
-            kept = torch.isfinite(scores) & (scores > torch.finfo(scores.dtype).min)
-            single = kept.sum(-1) == 1
-            if bool(single.any()):
-                probs[rows[single]] = _spread(kept[single].to(probs.dtype), columns, single, probs.shape[1])
-                rows, scores = rows[~single], scores[~single]
-                columns = None if columns is None else columns[~single]
-                if rows.shape[0] == 0:
-                    return probs
-        probs[rows] = _spread(scores.softmax(-1), columns, None, probs.shape[1])
-        return probs
+            scores = warper(sequence.expand(scores.shape[0], -1), scores)
+            if compact and columns is None and _compacts(warper, width):
+                scores, columns, doubt = _top_columns(scores, warper.top_k)
+        return _spread(scores.softmax(-1), columns, width), doubt
 
     def log_probs(self, scores: torch.Tensor, sequence: torch.Tensor) -> torch.Tensor:
-        """Log-probabilities (m, V) of processed `scores` under the warpers: -inf where they cut a token."""
+        """Log-probabilities (m, V) of processed `scores` under the warpers: -inf where they cut a token.
+
+        For the draft's proposals: after a top-k, later warpers see its k best columns, ties or not (a proposal
+        only has to be likely, not exact).
+        """
         width = scores.shape[1]
         columns = None
         for warper in self.warpers:
-            scores, columns = self._warp(warper, scores, sequence, columns)
+            scores = warper(sequence.expand(scores.shape[0], -1), scores)
+            if columns is None and _compacts(warper, width):
+                scores, columns, _ = _top_columns(scores, warper.top_k)
         log_probs = torch.log_softmax(scores, dim=-1)
         if columns is None:
             return log_probs
         return log_probs.new_full((log_probs.shape[0], width), -torch.inf).scatter_(1, columns, log_probs)
 
-    @staticmethod
-    def _warp(
-        warper: LogitsProcessor, scores: torch.Tensor, sequence: torch.Tensor, columns: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One warper over `scores` (m, k) on vocabulary `columns` (None: all); after a top-k, only its columns."""
-        scores = warper(sequence.expand(scores.shape[0], -1), scores)
-        if columns is None and isinstance(warper, TopKLogitsWarper):
-            return _kept_columns(scores)
-        return scores, columns
+
+def _compacts(warper: LogitsProcessor, width: int) -> bool:
+    """Whether later warpers are worth running on `warper`'s kept columns only: a top-k of at most a quarter."""
+    return isinstance(warper, TopKLogitsWarper) and 4 * warper.top_k <= width
 
 
-def _kept_columns(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The columns a top-k kept (ties at the k-th value included), in vocabulary order, and their indices.
-
-    The cut tokens are -inf, which no later warper revives, so top-p, typical-p and the like sort k values
-    instead of the whole vocabulary. Sorting is not stable, so where kept scores tie, the rows stay whole: only the
-    full row sorts as `generate` sorts it.
-    """
-    kept = torch.isfinite(scores) & (scores > torch.finfo(scores.dtype).min)
-    width = int(kept.sum(-1).max())
-    if 4 * width > scores.shape[1]:
-        return scores, None
-    columns = scores.topk(width, dim=-1).indices.sort(dim=-1).values
-    compact = scores.gather(1, columns)
-    ordered = compact.sort(dim=-1).values
-    if bool(((ordered[:, 1:] == ordered[:, :-1]) & torch.isfinite(ordered[:, 1:])).any()):
-        return scores, None
-    return compact, columns
+def _top_columns(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The `k` best columns of each row in vocabulary order, their scores, and whether the compact rows may differ
+    from the full ones: the (k+1)-th score ties the k-th (the top-k kept it too), or two kept scores tie."""
+    top = scores.topk(k + 1, dim=-1).values
+    overflow = (top[:, k] == top[:, k - 1]) & torch.isfinite(top[:, k])
+    ties = (top[:, 1:k] == top[:, : k - 1]) & torch.isfinite(top[:, 1:k])
+    columns = scores.topk(k, dim=-1).indices.sort(dim=-1).values
+    return scores.gather(1, columns), columns, overflow.any() | ties.any()
 
 
-def _spread(values: torch.Tensor, columns: torch.Tensor | None, rows: torch.Tensor | None, width: int) -> torch.Tensor:
-    """`values` over `columns` (of the `rows` selected) placed back into rows of the full `width`."""
+def _spread(values: torch.Tensor, columns: torch.Tensor | None, width: int) -> torch.Tensor:
+    """`values` over `columns` placed back into rows of the full `width` (None: they are full rows)."""
     if columns is None:
         return values
-    if rows is not None:
-        columns = columns[rows]
     return values.new_zeros(values.shape[0], width).scatter_(1, columns, values)
 
 
@@ -176,19 +165,27 @@ class TargetSampler:
         self.generator = generator
 
     def first(self, logits: torch.Tensor, sequence: torch.Tensor) -> torch.Tensor:
-        """The token after `sequence` (1, T) given its logits (V,)."""
+        """The token after `sequence` (1, T) given its logits (V,) (once per call: its doubt is read at once)."""
         scores = self.processing.process(logits[None], sequence)
         if not self.do_sample:
             return scores[0].argmax()
-        return draw(self.processing.distribution(scores, sequence)[0], self.generator)
+        probs, doubt = self.processing.distribution(scores, sequence)
+        if bool(doubt):
+            probs, _ = self.processing.distribution(scores, sequence, compact=False)
+        return draw(probs[0], self.generator)
 
-    def accept(self, tree: DraftTree, logits: torch.Tensor, sequence: torch.Tensor) -> Verdict:
+    def accept(self, tree: DraftTree, logits: torch.Tensor, sequence: torch.Tensor, compact: bool = True) -> Verdict:
         """The accepted path and the bonus token, from the target's logits after each node, left on the device.
 
-        `logits` (n, V) are the target's after every node; `sequence` (1, T) ends with the root.
+        `logits` (n, V) are the target's after every node; `sequence` (1, T) ends with the root. A sampled verdict
+        carries the distribution's doubt; when it is set, accepting again with `compact=False` draws afresh from
+        the full rows. The redraw is exact: whether it happens depends on the logits alone, not on the draws.
         """
         processing = self.processing
         scores = processing.process(logits, sequence, tree.tokens, tree.ancestors)
         if not self.do_sample:
             return accept_greedy(tree, scores.argmax(-1))
-        return accept_sampled(tree, processing.distribution(scores, sequence), self.generator)
+        probs, doubt = processing.distribution(scores, sequence, compact)
+        verdict = accept_sampled(tree, probs, self.generator)
+        verdict.doubt = doubt
+        return verdict

@@ -216,18 +216,24 @@ class SpeculativeDecoder:
             with timer("verification"):
                 logits = verify_tree(target, tree)
             with timer("acceptance"):
-                verdict = settings.sampler.accept(tree, logits, sink.sequence)
-                tokens = emitted_tokens(tree, verdict)
-                report = read_step(
-                    tree,
-                    verdict,
-                    tokens,
-                    settings.eos_token_ids,
-                    sink.room,
-                    drafted.greedy_depth,
-                    policy.statistics(drafted.root_log_probs),
-                    policy.reads_tree,
-                )
+                statistics = policy.statistics(drafted.root_log_probs)
+                compact = True
+                while True:
+                    verdict = settings.sampler.accept(tree, logits, sink.sequence, compact)
+                    tokens = emitted_tokens(tree, verdict)
+                    report = read_step(
+                        tree,
+                        verdict,
+                        tokens,
+                        settings.eos_token_ids,
+                        sink.room,
+                        drafted.greedy_depth,
+                        statistics,
+                        policy.reads_tree,
+                    )
+                    if not report.doubt:
+                        break
+                    compact = False
                 timer.collect()
             with timer("tree_update"):
                 accepted = report.accepted

@@ -21,13 +21,15 @@ class StepReport:
     """One step as the host sees it, after its single read.
 
     `count` tokens of `tokens` are emitted (the accepted draft tokens, then the bonus token, cut after the first
-    EOS and at the budget); `finished` says decoding stops. `path` holds the accepted nodes from the root on.
-    `statistics` are the policy's values; `tree_parents`/`tree_log_probs` the tree's, when asked for.
+    EOS and at the budget); `finished` says decoding stops; `doubt` that the verdict must be drawn again. `path`
+    holds the accepted nodes from the root on. `statistics` are the policy's values; `tree_parents` and
+    `tree_log_probs` the tree's, when asked for.
     """
 
     accepted: int
     count: int
     finished: bool
+    doubt: bool
     greedy_depth: int
     tokens: list[int]
     path: list[int]
@@ -60,8 +62,10 @@ def read_step(
     hit = is_eos.any()
     count = torch.where(hit, is_eos.to(torch.uint8).argmax() + 1, offered)
     finished = hit | (count >= room)
+    doubt = torch.zeros((), dtype=torch.long, device=device) if verdict.doubt is None else verdict.doubt.long()
+    head = [verdict.accepted, count.clamp_max(room), finished.long(), doubt, greedy_depth.to(device)]
     parts = [
-        torch.stack([verdict.accepted, count.clamp_max(room), finished.long(), greedy_depth.to(device)]),
+        torch.stack(head),
         tokens,
         verdict.path,
     ]
@@ -71,14 +75,15 @@ def read_step(
         parts += [tree.parents, tree.log_probs]
     values = torch.cat([p.to(torch.float64) for p in parts]).tolist()
     n, depth, stats = tree.size, tokens.shape[0], statistics.shape[0]
-    head, values = values[:4], values[4:]
+    head, values = values[:5], values[5:]
     tokens_host, path, values = values[:depth], values[depth : 2 * depth], values[2 * depth :]
     accepted = int(head[0])
     return StepReport(
         accepted=accepted,
         count=int(head[1]),
         finished=bool(head[2]),
-        greedy_depth=int(head[3]),
+        doubt=bool(head[3]),
+        greedy_depth=int(head[4]),
         tokens=[int(t) for t in tokens_host],
         path=[int(i) for i in path[: accepted + 1]],
         statistics=values[:stats],

@@ -1,0 +1,60 @@
+"""The warped distribution at tree nodes: top-p and the like on a top-k's columns, fixed shapes, and the doubt flag
+that sends a step back to the full rows when ties could make the compact rows differ from `generate`'s."""
+
+from __future__ import annotations
+
+import torch
+from transformers import LogitsProcessorList
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+from vlmspec.engine.choice import NodeProcessing, TargetSampler
+from vlmspec.engine.tree import TreeBuilder
+from vlmspec.eval.profile import LaunchCounter
+
+SEQUENCE = torch.zeros(1, 3, dtype=torch.long)
+WARPERS = LogitsProcessorList([TemperatureLogitsWarper(0.7), TopKLogitsWarper(3), TopPLogitsWarper(0.8)])
+
+
+def generate_distribution(scores: torch.Tensor) -> torch.Tensor:
+    """What `generate` samples from: every warper on full rows, then a softmax."""
+    return WARPERS(SEQUENCE.expand(scores.shape[0], -1), scores.clone()).softmax(-1)
+
+
+def test_the_compact_distribution_is_generates_when_nothing_ties():
+    scores = torch.randn(5, 40, generator=torch.Generator().manual_seed(0))
+    probs, doubt = NodeProcessing(WARPERS).distribution(scores.clone(), SEQUENCE)
+    assert not bool(doubt)
+    torch.testing.assert_close(probs, generate_distribution(scores))
+
+
+def test_a_tie_at_the_kth_score_raises_doubt_and_the_full_rows_are_generates():
+    scores = torch.randn(2, 40, generator=torch.Generator().manual_seed(1))
+    third = scores[1].topk(3).values[-1]
+    scores[1, scores[1] < third] = -5.0
+    scores[1, 0] = third  # a fourth token ties the third best: the top-k keeps four
+    probs, doubt = NodeProcessing(WARPERS).distribution(scores.clone(), SEQUENCE)
+    assert bool(doubt)
+    full, doubt = NodeProcessing(WARPERS).distribution(scores.clone(), SEQUENCE, compact=False)
+    assert not bool(doubt)
+    torch.testing.assert_close(full, generate_distribution(scores))
+
+
+def test_tied_kept_scores_raise_doubt():
+    scores = torch.randn(1, 40, generator=torch.Generator().manual_seed(2))
+    best = scores[0].argmax()
+    scores[0, (best + 1) % 40] = scores[0, best]
+    _, doubt = NodeProcessing(WARPERS).distribution(scores, SEQUENCE)
+    assert bool(doubt)
+
+
+def test_warping_a_tree_waits_for_nothing():
+    builder = TreeBuilder(2, torch.device("cpu"))
+    builder.start(torch.tensor(1))
+    builder.add_level(torch.tensor([0, 0]), torch.tensor([2, 3]), torch.tensor([-0.1, -2.0]), torch.tensor([0, 1]))
+    tree = builder.build()
+    logits = torch.randn(3, 40, generator=torch.Generator().manual_seed(3))
+    sampler = TargetSampler(NodeProcessing(WARPERS), do_sample=True, generator=torch.Generator().manual_seed(0))
+    counter = LaunchCounter(torch.nn.Identity())
+    with counter.counting():
+        verdict = sampler.accept(tree, logits, SEQUENCE)
+    assert counter.reads["own"] == 0 and verdict.doubt is not None
