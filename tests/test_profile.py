@@ -1,0 +1,59 @@
+"""`vlmspec profile`: launches and host reads per decoding step, counted on any device."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vlmspec import SpeculativeVLM
+from vlmspec.eval.profile import LaunchCounter, markdown_table, profile_generate, profile_policy
+from vlmspec.testing import noisy_copy, tiny_qwen2_5_vl
+
+
+def test_counts_are_split_between_the_target_the_draft_and_the_rest(cases):
+    target = tiny_qwen2_5_vl(0)
+    draft = noisy_copy(target, 0.05)
+    counter = LaunchCounter(target, draft)
+    with counter.counting(), torch.inference_mode():
+        target(**{k: v for k, v in cases["text"].items() if k != "mm_token_type_ids"})
+        torch.ones(3).add_(1)
+    counter.remove()
+    assert counter.launches["target"] > 10 and counter.launches["draft"] == 0 and counter.launches["own"] >= 2
+
+
+def test_reads_count_what_makes_a_host_wait():
+    counter = LaunchCounter(torch.nn.Identity())
+    x = torch.arange(6)
+    with counter.counting():
+        bool(x.any()), int(x[0]), x.tolist(), x.nonzero(), x[x > 2]
+        x + 1, x[1:3], x.view(2, 3)
+    assert counter.reads["own"] == 5
+
+
+@pytest.mark.parametrize("config", ["greedy", "qwen2.5-vl released"])
+def test_a_step_reads_the_device_once_for_static_trees(cases, config):
+    target = tiny_qwen2_5_vl(0)
+    spec = SpeculativeVLM(target, noisy_copy(target, 0.05))
+    profile = profile_policy(spec, "static-tree", cases["image"], 24, config)
+    assert profile.per("step")["own reads"] == pytest.approx(1.0)
+
+
+def test_the_decoders_own_launches_do_not_grow_with_the_layers(cases):
+    per_step = []
+    for layers in (1, 4):
+        target = tiny_qwen2_5_vl(0, num_layers=layers)
+        target.generation_config.eos_token_id = None  # every call runs to its budget
+        profile = profile_policy(SpeculativeVLM(target, target), "static-tree", cases["image"], 24, "greedy")
+        per_step.append(profile.per("step")["own launches"])
+    assert per_step[0] == per_step[1]
+
+
+def test_the_table_has_a_row_per_method(cases):
+    target = tiny_qwen2_5_vl(0)
+    spec = SpeculativeVLM(target, noisy_copy(target, 0.05))
+    rows = [
+        profile_generate(target, cases["text"], 12, "greedy"),
+        profile_policy(spec, "sage", cases["text"], 12, "greedy"),
+    ]
+    table = markdown_table(rows)
+    assert table.count("\n") == 3 and "| generate | greedy |" in table and "| sage | greedy |" in table
