@@ -88,13 +88,20 @@ def build(checkpoint: str, scale: str, device: torch.device, dtype: torch.dtype)
     return model.eval()
 
 
-def random_ids(length: int, device: torch.device, seed: int = 0) -> torch.Tensor:
+def random_ids(length: int, device: torch.device, seed: int = 0, high: int = REGULAR_IDS) -> torch.Tensor:
+    """`(1, length)` random token ids below `high`."""
     generator = torch.Generator().manual_seed(seed)
-    return torch.randint(0, REGULAR_IDS, (1, length), generator=generator).to(device)
+    return torch.randint(0, high, (1, length), generator=generator).to(device)
 
 
-def k_ary_tree(n: int, device: torch.device, k: int = 4) -> DraftTree:
-    """A tree of `n` nodes (root included) in which every node has up to `k` children, level by level."""
+def regular_ids(model: PreTrainedModel) -> int:
+    """How many leading ids of `model`'s vocabulary are ordinary tokens (all of a small test vocabulary)."""
+    return min(REGULAR_IDS, model.config.get_text_config().vocab_size)
+
+
+def k_ary_tree(n: int, device: torch.device, k: int = 4, high: int = REGULAR_IDS) -> DraftTree:
+    """A tree of `n` nodes (root included) in which every node has up to `k` children, level by level, holding
+    random ids below `high`."""
     parents = [-1] + [(i - 1) // k for i in range(1, n)]
     ancestors = torch.eye(n, dtype=torch.bool)
     depths = [0] * n
@@ -102,7 +109,7 @@ def k_ary_tree(n: int, device: torch.device, k: int = 4) -> DraftTree:
         ancestors[i] |= ancestors[parents[i]]
         depths[i] = depths[parents[i]] + 1
     return DraftTree(
-        tokens=random_ids(n, device, seed=n)[0],
+        tokens=random_ids(n, device, seed=n, high=high)[0],
         parents=torch.tensor(parents, device=device),
         depths=torch.tensor(depths, device=device),
         log_probs=torch.zeros(n, device=device),
@@ -113,7 +120,7 @@ def k_ary_tree(n: int, device: torch.device, k: int = 4) -> DraftTree:
 
 def prefilled(model: PreTrainedModel, context: int) -> ModelRunner:
     runner = ModelRunner(adapter_for(model))
-    runner.prefill({"input_ids": random_ids(context, runner.device)})
+    runner.prefill({"input_ids": random_ids(context, runner.device, high=regular_ids(model))})
     return runner
 
 
@@ -123,7 +130,7 @@ def verification_ms(model: PreTrainedModel, context: int, nodes: list[int], repe
     start, nothing = runner.length, torch.empty(0, dtype=torch.long, device=runner.device)
     result = []
     for n in nodes:
-        tree = k_ary_tree(n, runner.device)
+        tree = k_ary_tree(n, runner.device, high=regular_ids(model))
 
         def step(tree: DraftTree = tree) -> None:
             verify_tree(runner, tree)
@@ -139,7 +146,7 @@ def level_ms(model: PreTrainedModel, context: int, widths: list[int], repeats: i
     start, nothing = runner.length, torch.empty(0, dtype=torch.long, device=runner.device)
     result = []
     for width in widths:
-        tokens = random_ids(width, runner.device, seed=width)[0]
+        tokens = random_ids(width, runner.device, seed=width, high=regular_ids(model))[0]
         depths = torch.ones(width, dtype=torch.long, device=runner.device)
         visible = torch.eye(width, dtype=torch.bool, device=runner.device)
 
