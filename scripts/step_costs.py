@@ -124,37 +124,33 @@ def prefilled(model: PreTrainedModel, context: int) -> ModelRunner:
     return runner
 
 
+def rewound_ms(runner: ModelRunner, forward: Callable[[], object], repeats: int) -> float:
+    """Median ms of `forward()` over `runner`'s cache, which is put back to what it held before after each run."""
+    start, nothing = runner.length, torch.empty(0, dtype=torch.long, device=runner.device)
+
+    def run() -> None:
+        forward()
+        runner.keep(start, nothing)
+
+    return timed(run, runner.device, repeats)
+
+
 def verification_ms(model: PreTrainedModel, context: int, nodes: list[int], repeats: int) -> list[float]:
     """The target's forward over a tree of each size in `nodes`, after a cache of `context` tokens."""
     runner = prefilled(model, context)
-    start, nothing = runner.length, torch.empty(0, dtype=torch.long, device=runner.device)
-    result = []
-    for n in nodes:
-        tree = k_ary_tree(n, runner.device, high=regular_ids(model))
-
-        def step(tree: DraftTree = tree) -> None:
-            verify_tree(runner, tree)
-            runner.keep(start, nothing)
-
-        result.append(timed(step, runner.device, repeats))
-    return result
+    trees = [k_ary_tree(n, runner.device, high=regular_ids(model)) for n in nodes]
+    return [rewound_ms(runner, lambda tree=tree: verify_tree(runner, tree), repeats) for tree in trees]
 
 
 def level_ms(model: PreTrainedModel, context: int, widths: list[int], repeats: int) -> list[float]:
     """The draft's forward over one tree level of each width in `widths`, after a cache of `context` tokens."""
     runner = prefilled(model, context)
-    start, nothing = runner.length, torch.empty(0, dtype=torch.long, device=runner.device)
-    result = []
+    start, result = runner.length, []
     for width in widths:
         tokens = random_ids(width, runner.device, seed=width, high=regular_ids(model))[0]
         depths = torch.ones(width, dtype=torch.long, device=runner.device)
-        visible = torch.eye(width, dtype=torch.bool, device=runner.device)
-
-        def level(tokens: torch.Tensor = tokens, depths: torch.Tensor = depths, visible: torch.Tensor = visible):
-            runner.forward(tokens, depths, additive_mask(runner.length, visible, runner.dtype), start)
-            runner.keep(start, nothing)
-
-        result.append(timed(level, runner.device, repeats))
+        bias = additive_mask(start, torch.eye(width, dtype=torch.bool, device=runner.device), runner.dtype)
+        result.append(rewound_ms(runner, lambda t=tokens, d=depths, b=bias: runner.forward(t, d, b, start), repeats))
     return result
 
 
