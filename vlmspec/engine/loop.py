@@ -9,14 +9,16 @@ from typing import Any
 
 import torch
 
-from ..policies import StepOutcome, TreePolicy
+from ..policies import StepOutcome, TreePlan, TreePolicy
 from ..pruning import PruningConfig, VerifierScores
+from .accept import Verdict
 from .cache import TREE_ROOM
 from .choice import NodeProcessing, TargetSampler
-from .draft import Drafter
+from .draft import Drafted, Drafter
 from .report import StepReport, emitted_tokens, read_step
 from .runner import ModelRunner
 from .stats import PhaseTimer, SpecStats, StepRecord
+from .tree import DraftTree
 from .verify import verify_tree
 
 
@@ -207,77 +209,113 @@ class SpeculativeDecoder:
         while not sink.finished:
             step_started = time.perf_counter()
             plan = policy.plan()
-            draft_start = draft.length
+            draft_start, target_start = draft.length, target.length
             with timer("drafting"):
                 depth = settings.max_new_tokens - sink.new_tokens - 1
                 drafted = self.drafter.grow(pending, plan, sink.sequence, settings.draft_processing, depth)
             tree = drafted.tree.to(target.device)
-            target_start = target.length
             with timer("verification"):
                 logits = verify_tree(target, tree)
             with timer("acceptance"):
-                statistics = policy.statistics(drafted.root_log_probs)
-                compact = True
-                while True:
-                    verdict = settings.sampler.accept(tree, logits, sink.sequence, compact)
-                    tokens = emitted_tokens(tree, verdict)
-                    report = read_step(
-                        tree,
-                        verdict,
-                        tokens,
-                        settings.eos_token_ids,
-                        sink.room,
-                        drafted.greedy_depth,
-                        statistics,
-                        policy.reads_tree,
-                    )
-                    if not report.doubt:
-                        break
-                    compact = False
+                verdict, tokens, report = self._accept(settings, tree, logits, drafted, sink)
                 timer.collect()
             with timer("tree_update"):
-                accepted = report.accepted
-                target.keep(target_start, verdict.path[: accepted + 1])
-                in_draft = min(accepted, drafted.cached_depth)
                 fed_pending = pending.shape[0]
-                draft_path = verdict.path[1 : in_draft + 1].to(draft.device)
-                if drafted.slots is not None:
-                    draft_path = drafted.slots[draft_path]
-                draft_path = draft_path + (fed_pending - 1)
-                draft.keep(draft_start, torch.cat([torch.arange(fed_pending, device=draft.device), draft_path]))
-                pending = tokens[in_draft : accepted + 1].to(draft.device)
-                model_seconds = timer.last["drafting"] + timer.last["verification"]
-                policy.observe(
-                    StepOutcome(
-                        root_log_probs=drafted.root_log_probs,
-                        accepted=accepted,
-                        tree=drafted.tree,
-                        path=report.path,
-                        draft_forwards=drafted.forwards,
-                        draft_tokens=drafted.fed_tokens,
-                        draft_context=draft_start + fed_pending,
-                        target_context=target_start,
-                        draft_seconds=timer.last["drafting"],
-                        verify_seconds=timer.last["verification"],
-                        seconds=time.perf_counter() - step_started,
-                        statistics=report.statistics,
-                        tree_parents=report.tree_parents,
-                        tree_log_probs=report.tree_log_probs,
-                    )
-                )
-                predicted = policy.prediction
-                stats.steps.append(
-                    StepRecord(
-                        alpha=policy.confidence,
-                        depth=plan.depth,
-                        width=plan.width,
-                        nodes=tree.size - 1,
-                        accepted=accepted,
-                        tree_depth=tree.depth,
-                        greedy_depth=report.greedy_depth,
-                        seconds=model_seconds,
-                        predicted_tokens=None if predicted is None else predicted[0],
-                        predicted_seconds=None if predicted is None else predicted[1],
-                    )
-                )
+                pending = self._commit(verdict, tokens, report, drafted, target_start, draft_start, fed_pending)
+                contexts = (draft_start + fed_pending, target_start)
+                self._observe(plan, drafted, tree, report, stats, timer, step_started, contexts)
                 sink.take(tokens, report)
+
+    def _accept(
+        self, settings: DecodeSettings, tree: DraftTree, logits: torch.Tensor, drafted: Drafted, sink: TokenSink
+    ) -> tuple[Verdict, torch.Tensor, StepReport]:
+        """Accept on the device and read the step's results once; a sampled verdict in doubt is drawn again from the
+        full rows (a second read, only then)."""
+        statistics = self.policy.statistics(drafted.root_log_probs)
+        for compact in (True, False):
+            verdict = settings.sampler.accept(tree, logits, sink.sequence, compact)
+            tokens = emitted_tokens(tree, verdict)
+            report = read_step(
+                tree,
+                verdict,
+                tokens,
+                settings.eos_token_ids,
+                sink.room,
+                drafted.greedy_depth,
+                statistics,
+                self.policy.reads_tree,
+            )
+            if not report.doubt:
+                break
+        return verdict, tokens, report
+
+    def _commit(
+        self,
+        verdict: Verdict,
+        tokens: torch.Tensor,
+        report: StepReport,
+        drafted: Drafted,
+        target_start: int,
+        draft_start: int,
+        fed_pending: int,
+    ) -> torch.Tensor:
+        """Keep the accepted path in both caches; returns the tokens the draft has not seen yet (the accepted ones
+        deeper than the levels it was fed, then the bonus token)."""
+        draft = self.draft
+        accepted = report.accepted
+        self.target.keep(target_start, verdict.path[: accepted + 1])
+        in_draft = min(accepted, drafted.cached_depth)
+        draft_path = verdict.path[1 : in_draft + 1].to(draft.device)
+        if drafted.slots is not None:
+            draft_path = drafted.slots[draft_path]
+        kept = torch.cat([torch.arange(fed_pending, device=draft.device), draft_path + (fed_pending - 1)])
+        draft.keep(draft_start, kept)
+        return tokens[in_draft : accepted + 1].to(draft.device)
+
+    def _observe(
+        self,
+        plan: TreePlan,
+        drafted: Drafted,
+        tree: DraftTree,
+        report: StepReport,
+        stats: SpecStats,
+        timer: PhaseTimer,
+        step_started: float,
+        contexts: tuple[int, int],
+    ) -> None:
+        """The one observer of a finished step: the policy learns from it and the call's statistics record it.
+        `contexts` are the draft's and the target's cache lengths the step's forwards ran over."""
+        policy = self.policy
+        policy.observe(
+            StepOutcome(
+                root_log_probs=drafted.root_log_probs,
+                accepted=report.accepted,
+                tree=drafted.tree,
+                path=report.path,
+                draft_forwards=drafted.forwards,
+                draft_tokens=drafted.fed_tokens,
+                draft_context=contexts[0],
+                target_context=contexts[1],
+                draft_seconds=timer.last["drafting"],
+                verify_seconds=timer.last["verification"],
+                seconds=time.perf_counter() - step_started,
+                statistics=report.statistics,
+                tree_parents=report.tree_parents,
+                tree_log_probs=report.tree_log_probs,
+            )
+        )
+        predicted = policy.prediction
+        stats.steps.append(
+            StepRecord(
+                alpha=policy.confidence,
+                depth=plan.depth,
+                width=plan.width,
+                nodes=tree.size - 1,
+                accepted=report.accepted,
+                tree_depth=tree.depth,
+                greedy_depth=report.greedy_depth,
+                seconds=timer.last["drafting"] + timer.last["verification"],
+                predicted_tokens=None if predicted is None else predicted[0],
+                predicted_seconds=None if predicted is None else predicted[1],
+            )
+        )
