@@ -1,6 +1,8 @@
 """`vlmspec bench`: every method on the same inputs in one process, against plain `generate`.
 
-Methods: `ar` (target.generate), `hf-assisted` (target.generate with the draft as `assistant_model`), `chain`,
+Methods: `ar` (target.generate), `ar-compiled` (target.generate with a static cache, compiled by `torch.compile` through
+transformers' `compile_config`, on any device; its first call's compilation falls in the warm-up), `hf-assisted`
+(target.generate with the draft as `assistant_model`), `chain`,
 `static-tree`, `specvlm` (verifier pruning + static tree), `sage` (verifier pruning + SAGE), `sage-gt` (verifier
 pruning + SAGE sized by measured cost), and `sage-full` / `sage-gt-full`, the same without pruning (the draft sees
 every visual token). Each method is warmed up on the first item; then every item is run by every method in turn,
@@ -27,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 from tqdm import tqdm
+from transformers import CompileConfig
 
 from ..engine.stats import PHASES
 from ..processors import QwenVideoPacker, VisualInputs, chat_messages
@@ -37,7 +40,18 @@ SUITES = ("image", "video", "long-video")
 LONG_VIDEO_FRAMES = 32
 LONG_VIDEO_SIZE = 336
 
-METHODS = ("ar", "hf-assisted", "chain", "static-tree", "specvlm", "sage", "sage-gt", "sage-full", "sage-gt-full")
+METHODS = (
+    "ar",
+    "ar-compiled",
+    "hf-assisted",
+    "chain",
+    "static-tree",
+    "specvlm",
+    "sage",
+    "sage-gt",
+    "sage-full",
+    "sage-gt-full",
+)
 _SPEC_METHODS = {
     "chain": ("chain", None),
     "static-tree": ("static-tree", None),
@@ -185,7 +199,7 @@ def run_bench(
                 run.exact.append(bool(torch.equal(ids, references[index])))
             if counter is not None:
                 run.taus.append((new - counter.calls) / max(1, counter.calls))
-            elif method != "ar":
+            elif runner.spec is not None:
                 stats = runner.spec.last_stats
                 run.taus.append(stats.mean_accept_length)
                 run.prefill_tokens.append((stats.target_prefill_tokens, stats.draft_prefill_tokens))
@@ -234,8 +248,19 @@ class _Runner:
         if self.method == "hf-assisted":
             out = self.target.generate(**inputs, assistant_model=self.draft, **kwargs)
             return out, None
+        if self.method == "ar-compiled":
+            out = self.target.generate(**inputs, cache_implementation="static", compile_config=_compiled(), **kwargs)
+            return out, None
         out = self.target.generate(**inputs, output_scores=True, return_dict_in_generate=True, **kwargs)
         return out.sequences, out.scores
+
+
+def _compiled() -> CompileConfig:
+    """`generate`'s compilation of its decoding forward, on every device (by default it compiles on accelerators
+    only)."""
+    config = CompileConfig(fullgraph=True)
+    config._compile_all_devices = True
+    return config
 
 
 def exact_match_cell(results: dict[str, Any], method: str) -> str:
