@@ -309,8 +309,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--methods",
         default="ar,hf-assisted,chain,static-tree,specvlm,sage,sage-gt",
-        help="comma-separated: ar, ar-compiled, hf-assisted, chain, static-tree, specvlm, sage, sage-gt, and sage-full / "
-        "sage-gt-full (no pruning)",
+        help="comma-separated: ar, ar-compiled, hf-assisted, chain, static-tree, specvlm, sage, sage-gt, and "
+        "sage-full / sage-gt-full (no pruning)",
     )
     bench.add_argument("--n", type=_number(int, 1), default=8)
     bench.add_argument("--max-new-tokens", type=_number(int, 1), default=200)
