@@ -99,7 +99,7 @@ class TreeBuilder:
         valid: torch.Tensor | None = None,
     ) -> slice:
         """Append the next level: children of `parents` (nodes of the last level) with draft rank `ranks`; returns
-        the new nodes' slice. Slots not `valid` are padding: their path log-probability is -inf, and `build()` drops
+        the new nodes' slice. Slots not `valid` are padding: their path log-probability is -inf, and `finish()` drops
         them."""
         m = parents.shape[0]
         if self.size + m > self.capacity:
@@ -111,7 +111,6 @@ class TreeBuilder:
         self.depths[new] = self.levels
         if valid is None:
             self.log_probs[new] = log_probs
-            self.valid[new] = True
         else:
             self.log_probs[new] = log_probs.masked_fill(~valid, -torch.inf)
             self.valid[new] = valid
