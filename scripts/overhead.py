@@ -32,9 +32,15 @@ class ForwardClock:
         self._depth = 0
         self._started = 0.0
         self._synchronize = synchronize
+        self._handles = []
         for model in {id(m): m for m in models}.values():
-            model.register_forward_pre_hook(self._enter)
-            model.register_forward_hook(self._leave)
+            self._handles.append(model.register_forward_pre_hook(self._enter))
+            self._handles.append(model.register_forward_hook(self._leave))
+
+    def remove(self) -> None:
+        """Stop timing: take the hooks off the models."""
+        for handle in self._handles:
+            handle.remove()
 
     def _enter(self, *_) -> None:
         if self._depth == 0:

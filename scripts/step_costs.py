@@ -6,7 +6,7 @@ plain `generate` ms per token; the target's verification ms for trees of --nodes
 models' forwards, per policy; HF assisted generation's ms per step on the same pair; and, stated as a projection,
 each policy's speedup over plain `generate` with the acceptance lengths the SAGE paper reports for the family.
 Prompts are random text tokens (a cache of L tokens costs the same whatever filled it); every run is greedy.
-Forwards run eager: the engine has no compiled path.
+Forwards are not compiled (the engine has no compiled path yet); attention is the models' default, SDPA.
 
 Usage, on a GPU: .venv/bin/python scripts/step_costs.py --device cuda [--pairs qwen2_5_vl,qwen3_vl,llava_onevision]
 At the replicas' tiny sizes on the CPU: --scale tiny --device cpu --dtype float32 --contexts 64,128
@@ -175,6 +175,8 @@ def assisted_ms_per_step(
         total = generate_ms(target, ids, new_tokens, repeats, assistant_model=draft)
     except (ValueError, TypeError, RuntimeError) as error:
         return f"refused: {str(error).splitlines()[0][:80]}"
+    finally:
+        clock.remove()
     steps = clock.calls / (repeats + 1) - 1
     return (total - generate_ms(target, ids, 1, repeats)) / max(1.0, steps)
 
@@ -196,6 +198,7 @@ def own_ms_per_step(
         wall = time.perf_counter() - start
         steps = spec.last_stats.iterations
         own.append(1000 * (wall - clock.seconds) / max(1, steps))
+    clock.remove()
     return statistics.median(own), steps
 
 
@@ -239,7 +242,7 @@ def projection(name: str, row: dict, nodes: list[int], widths: list[int], own: d
 
 def markdown(name: str, result: dict, args: argparse.Namespace) -> str:
     pair = REPLICA_PAIRS[name]
-    lines = [f"## {pair.target} + {pair.draft} ({args.scale} sizes, {args.dtype}, {args.device}, eager)", ""]
+    lines = [f"## {pair.target} + {pair.draft} ({args.scale} sizes, {args.dtype}, {args.device}, not compiled)", ""]
     lines += [
         "| context | generate ms/token | "
         + " | ".join(f"verify {n} ms" for n in args.nodes)

@@ -1,7 +1,7 @@
 """What verifying a tree costs as the cache grows: the demo target at the video suite's context and the long-video
 suite's, per attention implementation the engine can run trees through.
 
-Prints the median ms of one verification forward (and the cache commit that follows it) for trees of --nodes
+Prints the median ms of one verification forward (and the cache's rewind after it) for trees of --nodes
 nodes over caches of --contexts tokens (defaults: 89 and 2,329, the two suites' prompt lengths).
 Usage: .venv/bin/python scripts/verify_context.py [--contexts 89,2329] [--nodes 1,6,26,64] [--repeats 20]
 """

@@ -57,3 +57,13 @@ def test_the_table_has_a_row_per_method(cases):
     ]
     table = markdown_table(rows)
     assert table.count("\n") == 3 and "| generate | greedy |" in table and "| sage | greedy |" in table
+
+
+def test_indexing_with_a_zero_dim_tensor_counts_as_a_read():
+    counter = LaunchCounter(torch.nn.Identity())
+    x, i = torch.arange(6), torch.tensor(2)
+    with counter.counting():
+        x[i]
+        x.index_select(0, i.view(1))
+        int(x[0])
+    assert counter.reads["own"] == 2

@@ -39,12 +39,22 @@ def test_a_tie_at_the_kth_score_raises_doubt_and_the_full_rows_are_generates():
     torch.testing.assert_close(full, generate_distribution(scores))
 
 
-def test_tied_kept_scores_raise_doubt():
-    scores = torch.randn(1, 40, generator=torch.Generator().manual_seed(2))
-    best = scores[0].argmax()
-    scores[0, (best + 1) % 40] = scores[0, best]
-    _, doubt = NodeProcessing(WARPERS).distribution(scores, SEQUENCE)
+def test_top_p_cutting_between_equal_scores_raises_doubt():
+    """Kept probabilities 0.7, 0.15, 0.15: top-p 0.8 keeps one of the two equal tokens, whichever a sort put last."""
+    scores = torch.full((1, 40), -10.0)
+    scores[0, :3] = torch.tensor([0.7 * torch.tensor(0.7 / 0.15).log().item(), 0.0, 0.0])
+    probs, doubt = NodeProcessing(WARPERS).distribution(scores.clone(), SEQUENCE)
     assert bool(doubt)
+    full, _ = NodeProcessing(WARPERS).distribution(scores.clone(), SEQUENCE, compact=False)
+    torch.testing.assert_close(full, generate_distribution(scores))
+
+
+def test_equal_scores_on_one_side_of_the_cut_leave_no_doubt():
+    scores = torch.full((1, 40), -10.0)
+    scores[0, :3] = torch.tensor([2.0, 2.0, -1.0])
+    probs, doubt = NodeProcessing(WARPERS).distribution(scores.clone(), SEQUENCE)
+    assert not bool(doubt)
+    torch.testing.assert_close(probs, generate_distribution(scores))
 
 
 def test_warping_a_tree_waits_for_nothing():

@@ -175,7 +175,8 @@ def _profile(args: argparse.Namespace) -> None:
     from .eval.bench import suite_inputs
     from .eval.profile import CONFIGS, POLICIES, markdown_table, run_profile
 
-    spec = load_pair(args.model, args.draft, torch_dtype=torch.float32)
+    device_map = None if args.device is None else device_map_for(args.device)
+    spec = load_pair(args.model, args.draft, torch_dtype=getattr(torch, args.dtype), device_map=device_map)
     policies = args.policies.split(",")
     unknown = set(policies) - set(POLICIES)
     if unknown:
@@ -328,6 +329,10 @@ def build_parser() -> argparse.ArgumentParser:
     profile.add_argument("--max-new-tokens", type=_number(int, 3), default=64)
     profile.add_argument("--model", help="target (default: the demo pair)")
     profile.add_argument("--draft", help="draft (default: the demo pair)")
+    profile.add_argument(
+        "--device", help="where the pair runs, e.g. cuda (default: the CPU; the counts do not depend on it)"
+    )
+    profile.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     profile.set_defaults(run=_profile)
     return parser
 

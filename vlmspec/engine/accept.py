@@ -36,7 +36,7 @@ def accept_greedy(tree: DraftTree, target_choice: torch.Tensor) -> Verdict:
     matches = tree.tokens == target_choice[tree.parents.clamp_min(0)]
     matches[0] = True
     path, accepted, best = deepest(tree, matches)
-    return Verdict(path, accepted, target_choice[best])
+    return Verdict(path, accepted, _at(target_choice, best))
 
 
 def accept_sampled(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None = None) -> Verdict:
@@ -66,9 +66,9 @@ def accept_sampled(tree: DraftTree, probs: torch.Tensor, generator: torch.Genera
     accepted = torch.ones(n, dtype=torch.bool, device=probs.device)
     accepted[1:] = (u[parents] >= before) & (u[parents] < before + child_mass)
     path, count, last = deepest(tree, accepted)
-    bonus_weights = rest[last]
+    bonus_weights = _at(rest, last)
     # Children covering the whole support leave no gap in exact arithmetic; a rounding one gets p itself.
-    bonus_weights = torch.where(bonus_weights.sum() > 0, bonus_weights, probs[last])
+    bonus_weights = torch.where(bonus_weights.sum() > 0, bonus_weights, _at(probs, last))
     return Verdict(path, count, draw(bonus_weights, generator))
 
 
@@ -77,10 +77,15 @@ def deepest(tree: DraftTree, accepted: torch.Tensor) -> tuple[torch.Tensor, torc
     `(tree.depth + 1,)` (0 past its depth), its depth and its index, all on the device."""
     valid = ~(tree.ancestors & ~accepted[None, :]).any(dim=1)
     best = (tree.depths * valid).argmax()
-    on_path = tree.ancestors[best]
+    on_path = _at(tree.ancestors, best)
     at_depth = tree.depths[None, :] == torch.arange(tree.depth + 1, device=tree.depths.device)[:, None]
     path = (at_depth & on_path[None, :]).to(torch.uint8).argmax(dim=1)
-    return path, tree.depths[best], best
+    return path, _at(tree.depths, best), best
+
+
+def _at(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """`values[index]` for a 0-d index tensor, without the host read that indexing with it would make."""
+    return values.index_select(0, index.view(1)).squeeze(0)
 
 
 def _uniform(n: int, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:

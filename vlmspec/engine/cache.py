@@ -61,9 +61,10 @@ class _SlabLayer(CacheLayerMixin):
 class SlabCache(Cache):
     """Keys and values of all layers as one tensor per device, `(2 * layers there, B, kv heads, capacity, head dim)`.
 
-    Slabs are allocated at the first write on their device and grow (doubling) only if a call outgrows the room it
-    was given. `length` is the number of cached positions; a forward writes at `length` on and `settle()` makes
-    what it wrote part of the cache.
+    Slabs are allocated at the first write on their device, for the room the call asked for (the prompt, the token
+    budget and a tree), and grow by doubling when a step feeds more: SAGE's padded levels on an accelerator feed
+    the draft up to D x 64 slots, so its draft slab grows once or twice in a long call. `length` is the number of
+    cached positions; a forward writes at `length` on and `settle()` makes what it wrote part of the cache.
     """
 
     def __init__(self, layer_devices: list[torch.device], capacity: int):
@@ -89,7 +90,10 @@ class SlabCache(Cache):
     def _allocate(self, device: torch.device, like: torch.Tensor, end: int, old: torch.Tensor | None) -> torch.Tensor:
         capacity = max(self.capacity, end) if old is None else max(end, 2 * old.shape[3])
         batch, heads, _, dim = like.shape
-        slab = torch.empty(2 * len(self._members[device]), batch, heads, capacity, dim, dtype=like.dtype, device=device)
+        # The keys arrive where the layer computes (an offloaded layer's weights may sit elsewhere).
+        slab = torch.empty(
+            2 * len(self._members[device]), batch, heads, capacity, dim, dtype=like.dtype, device=like.device
+        )
         if old is not None:
             slab[:, :, :, : self.length].copy_(old[:, :, :, : self.length])
         self.capacity = max(self.capacity, capacity)

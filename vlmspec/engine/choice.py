@@ -38,6 +38,8 @@ _ROW_WISE = (
     EtaLogitsWarper,
     LogitNormalization,
 )
+#: Warpers whose cut depends on a sort of something other than the scores, so any tie may matter.
+_SORTS_OTHERWISE = (TypicalLogitsWarper, TopHLogitsWarper)
 # Processors that read the sequence only as a set of token ids: rows padded with a token already in the sequence
 # give the same result, so all nodes go through one batched call.
 _SET_BASED = (RepetitionPenaltyLogitsProcessor,)
@@ -91,17 +93,23 @@ class NodeProcessing:
 
         With `compact`, warpers after a top-k of k see only its k best columns (the cut tokens are -inf and no later
         warper revives one), so top-p, typical-p and the like sort k values, not the vocabulary. That is `generate`'s
-        distribution unless the top-k kept more than k tokens (ties at its k-th value) or kept scores tie (a sort
-        does not order equal values as the full row's sort does): the doubt flag, after which the caller draws
-        afresh from the full rows (`compact=False`). Fixed shapes: nothing here waits for the device.
+        distribution unless ties could make it differ: the top-k kept more than k tokens (ties at its k-th value),
+        top-p cut between two equal scores, or typical-p or top-h sorted equal values (a sort does not order them as
+        the full row's sort does). Then the doubt flag is set, and the caller draws afresh from the full rows
+        (`compact=False`). Fixed shapes: nothing here waits for the device.
         """
         width = scores.shape[1]
         columns = None
         doubt = torch.zeros((), dtype=torch.bool, device=scores.device)
         for warper in self.warpers:
+            before = scores
             scores = warper(sequence.expand(scores.shape[0], -1), scores)
             if compact and columns is None and _compacts(warper, width):
                 scores, columns, doubt = _top_columns(scores, warper.top_k)
+            elif columns is not None and isinstance(warper, TopPLogitsWarper):
+                doubt = doubt | _tie_across_cut(before, scores)
+            elif columns is not None and isinstance(warper, _SORTS_OTHERWISE):
+                doubt = doubt | _ties(before)
         return _spread(scores.softmax(-1), columns, width), doubt
 
     def log_probs(self, scores: torch.Tensor, sequence: torch.Tensor) -> torch.Tensor:
@@ -128,13 +136,28 @@ def _compacts(warper: LogitsProcessor, width: int) -> bool:
 
 
 def _top_columns(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The `k` best columns of each row in vocabulary order, their scores, and whether the compact rows may differ
-    from the full ones: the (k+1)-th score ties the k-th (the top-k kept it too), or two kept scores tie."""
-    top = scores.topk(k + 1, dim=-1).values
-    overflow = (top[:, k] == top[:, k - 1]) & torch.isfinite(top[:, k])
-    ties = (top[:, 1:k] == top[:, : k - 1]) & torch.isfinite(top[:, 1:k])
-    columns = scores.topk(k, dim=-1).indices.sort(dim=-1).values
-    return scores.gather(1, columns), columns, overflow.any() | ties.any()
+    """The `k` best columns of each row in vocabulary order, their scores, and whether the (k+1)-th score ties the
+    k-th (the top-k kept more than k tokens)."""
+    top = scores.topk(k + 1, dim=-1)
+    overflow = (top.values[:, k] == top.values[:, k - 1]) & torch.isfinite(top.values[:, k])
+    columns = top.indices[:, :k].sort(dim=-1).values
+    return scores.gather(1, columns), columns, overflow.any()
+
+
+def _tie_across_cut(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
+    """Whether a warper that keeps the best-scoring tokens (top-p) cut between two equal scores of `before`: then
+    which of them it kept depends on how a sort ordered them."""
+    kept = torch.isfinite(after)
+    removed = torch.isfinite(before) & ~kept
+    lowest_kept = before.masked_fill(~kept, torch.inf).amin(dim=-1)
+    highest_removed = before.masked_fill(~removed, -torch.inf).amax(dim=-1)
+    return (lowest_kept == highest_removed).any()
+
+
+def _ties(scores: torch.Tensor) -> torch.Tensor:
+    """Whether two finite scores of a row are equal."""
+    ordered = scores.sort(dim=-1).values
+    return ((ordered[:, 1:] == ordered[:, :-1]) & torch.isfinite(ordered[:, 1:])).any()
 
 
 def _spread(values: torch.Tensor, columns: torch.Tensor | None, width: int) -> torch.Tensor:

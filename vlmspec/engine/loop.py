@@ -12,7 +12,6 @@ import torch
 from ..policies import StepOutcome, TreePlan, TreePolicy
 from ..pruning import PruningConfig, VerifierScores
 from .accept import Verdict
-from .cache import TREE_ROOM
 from .choice import NodeProcessing, TargetSampler
 from .draft import Drafted, Drafter
 from .report import StepReport, emitted_tokens, read_step
@@ -45,8 +44,7 @@ class TokenSink:
     def __init__(self, prompt: torch.Tensor, settings: DecodeSettings, streamer: Any):
         self.settings = settings
         self.streamer = streamer
-        room = prompt.shape[1] + settings.max_new_tokens + TREE_ROOM
-        self.buffer = torch.empty(1, room, dtype=torch.long, device=prompt.device)
+        self.buffer = torch.empty(1, prompt.shape[1] + settings.max_new_tokens, dtype=torch.long, device=prompt.device)
         self.buffer[:, : prompt.shape[1]] = prompt
         self.length = prompt.shape[1]
         self.prompt_length = prompt.shape[1]

@@ -39,7 +39,10 @@ CONFIGS = {"greedy": dict(do_sample=False), "qwen2.5-vl released": QWEN2_5_VL_RE
 _READ_CALLS = {"__bool__", "__int__", "__float__", "__index__", "item", "tolist", "cpu", "numpy"}
 _READ_FUNCTIONS = {"nonzero", "masked_select", "unique", "argwhere", "unique_consecutive"}
 _INDEXING = {"__getitem__", "__setitem__", "index_put", "index_put_"}
-_NO_KERNEL = {"empty", "empty_strided", "new_empty", "new_empty_strided", "lift_fresh", "_local_scalar_dense"}
+_NO_KERNEL = {"empty", "empty_strided", "new_empty", "new_empty_strided", "lift_fresh"}
+#: Operators that copy a value to the host: a read even where no Python call asked for one (indexing with a 0-d
+#: tensor reads its value inside the indexing code).
+_SCALAR_READS = {"item", "_local_scalar_dense"}
 SCOPES = ("target", "draft", "own")
 
 
@@ -57,11 +60,16 @@ class _Reads(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", "")
-        if name in _READ_CALLS or name in _READ_FUNCTIONS:
-            self.counter.reads[self.counter.scope] += 1
-        elif name in _INDEXING and len(args) > 1 and _is_bool_mask(args[1]):
-            self.counter.reads[self.counter.scope] += 1
-        return func(*args, **(kwargs or {}))
+        read = name in _READ_CALLS or name in _READ_FUNCTIONS
+        read |= name in _INDEXING and len(args) > 1 and _is_bool_mask(args[1])
+        if not read:
+            return func(*args, **(kwargs or {}))
+        self.counter.reads[self.counter.scope] += 1
+        self.counter.reading += 1
+        try:
+            return func(*args, **(kwargs or {}))
+        finally:
+            self.counter.reading -= 1
 
 
 class _Launches(TorchDispatchMode):
@@ -72,7 +80,11 @@ class _Launches(TorchDispatchMode):
         self.counter = counter
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not func.is_view and func.overloadpacket.__name__ not in _NO_KERNEL:
+        name = func.overloadpacket.__name__
+        if name in _SCALAR_READS:
+            if not self.counter.reading:
+                self.counter.reads[self.counter.scope] += 1
+        elif not func.is_view and name not in _NO_KERNEL:
             self.counter.launches[self.counter.scope] += 1
         return func(*args, **(kwargs or {}))
 
@@ -83,6 +95,7 @@ class LaunchCounter:
     def __init__(self, target: torch.nn.Module, draft: torch.nn.Module | None = None):
         self.launches: Counter[str] = Counter()
         self.reads: Counter[str] = Counter()
+        self.reading = 0
         self._stack: list[str] = []
         self._handles = []
         for scope, model in (("target", target), ("draft", draft)):
