@@ -99,17 +99,7 @@ class NodeProcessing:
         (`compact=False`). Fixed shapes: nothing here waits for the device.
         """
         width = scores.shape[1]
-        columns = None
-        doubt = torch.zeros((), dtype=torch.bool, device=scores.device)
-        for warper in self.warpers:
-            before = scores
-            scores = warper(sequence.expand(scores.shape[0], -1), scores)
-            if compact and columns is None and _compacts(warper, width):
-                scores, columns, doubt = _top_columns(scores, warper.top_k)
-            elif columns is not None and isinstance(warper, TopPLogitsWarper):
-                doubt = doubt | _tie_across_cut(before, scores)
-            elif columns is not None and isinstance(warper, _SORTS_OTHERWISE):
-                doubt = doubt | _ties(before)
+        scores, columns, doubt = self._warp(scores, sequence, compact, judge=True)
         return _spread(scores.softmax(-1), columns, width), doubt
 
     def log_probs(self, scores: torch.Tensor, sequence: torch.Tensor) -> torch.Tensor:
@@ -119,15 +109,31 @@ class NodeProcessing:
         only has to be likely, not exact).
         """
         width = scores.shape[1]
-        columns = None
-        for warper in self.warpers:
-            scores = warper(sequence.expand(scores.shape[0], -1), scores)
-            if columns is None and _compacts(warper, width):
-                scores, columns, _ = _top_columns(scores, warper.top_k)
+        scores, columns, _ = self._warp(scores, sequence, compact=True, judge=False)
         log_probs = torch.log_softmax(scores, dim=-1)
         if columns is None:
             return log_probs
         return log_probs.new_full((log_probs.shape[0], width), -torch.inf).scatter_(1, columns, log_probs)
+
+    def _warp(
+        self, scores: torch.Tensor, sequence: torch.Tensor, compact: bool, judge: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """Every warper in order over `scores` (m, V); with `compact`, those after a top-k on its k columns (then
+        returned with the scores) and whether the top-k kept more than k tokens; with `judge`, also whether ties could
+        make a later warper's cut differ from the full rows'."""
+        width = scores.shape[1]
+        columns = None
+        doubt = torch.zeros((), dtype=torch.bool, device=scores.device)
+        for warper in self.warpers:
+            before = scores
+            scores = warper(sequence.expand(scores.shape[0], -1), scores)
+            if compact and columns is None and _compacts(warper, width):
+                scores, columns, doubt = _top_columns(scores, warper.top_k)
+            elif judge and columns is not None and isinstance(warper, TopPLogitsWarper):
+                doubt = doubt | _tie_across_cut(before, scores)
+            elif judge and columns is not None and isinstance(warper, _SORTS_OTHERWISE):
+                doubt = doubt | _ties(before)
+        return scores, columns, doubt
 
 
 def _compacts(warper: LogitsProcessor, width: int) -> bool:

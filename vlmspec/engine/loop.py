@@ -75,7 +75,7 @@ class TokenSink:
 
     def emit(self, tokens: torch.Tensor) -> None:
         """Append `tokens` (k,), stopping after the first EOS or when `max_new_tokens` is reached."""
-        room = self.settings.max_new_tokens - self.new_tokens
+        room = self.room
         is_eos = torch.isin(tokens, self.settings.eos_token_ids)
         if bool(is_eos.any()):
             tokens = tokens[: int(is_eos.int().argmax()) + 1]
