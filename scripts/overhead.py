@@ -68,10 +68,10 @@ def main() -> None:
     torch.set_num_threads(2)
     if args.fixture:
         target = tiny_qwen2_5_vl(seed=0)
-        pair = SpeculativeVLM(target, target)
+        pair = SpeculativeVLM(target, target, compile="off")
         items = [chat_inputs(tiny_processor(), "Describe the image in detail.", images=[sample_image(0)])]
     else:
-        pair = load_pair(torch_dtype=torch.float32)
+        pair = load_pair(torch_dtype=torch.float32, compile="off")
         items = suite_inputs(pair.processor, args.suite, args.n)
     clock = ForwardClock(pair.target, pair.draft)
     print(f"{'policy':<12} {'tokens':>6} {'steps':>5} {'tau':>5} {'wall s':>7} {'outside forwards':>17}")

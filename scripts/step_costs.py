@@ -6,7 +6,10 @@ plain `generate` ms per token; the target's verification ms for trees of --nodes
 models' forwards, per policy; HF assisted generation's ms per step on the same pair; and, stated as a projection,
 each policy's speedup over plain `generate` with the acceptance lengths the SAGE paper reports for the family.
 Prompts are random text tokens (a cache of L tokens costs the same whatever filled it); every run is greedy.
-Forwards are not compiled (the engine has no compiled path yet); attention is the models' default, SDPA.
+Attention is the models' default, SDPA (vlmspec's tree attention in its own forwards). With --compile on, plain
+`generate` runs with a static cache compiled by `torch.compile` and the verification and draft-level forwards run
+compiled at fixed shapes (CUDA graphs on a GPU; each size is compiled by the first, untimed, repeat); vlmspec's own
+ms per step is always measured eager, where its forward hooks see every forward.
 
 Usage, on a GPU: .venv/bin/python scripts/step_costs.py --device cuda [--pairs qwen2_5_vl,qwen3_vl,llava_onevision]
 At the replicas' tiny sizes on the CPU: --scale tiny --device cpu --dtype float32 --contexts 64,128
@@ -30,9 +33,11 @@ from transformers import AutoConfig, PreTrainedModel
 
 from vlmspec import SpeculativeVLM
 from vlmspec.adapters import adapter_for
+from vlmspec.engine.compiled import compiled_forward
 from vlmspec.engine.runner import ModelRunner
 from vlmspec.engine.tree import DraftTree, additive_mask
 from vlmspec.engine.verify import verify_tree
+from vlmspec.eval.bench import compiled_generate_config
 from vlmspec.testing import REPLICA_PAIRS, replica_config
 from vlmspec.testing.released_files import RELEASED
 
@@ -118,8 +123,8 @@ def k_ary_tree(n: int, device: torch.device, k: int = 4, high: int = REGULAR_IDS
     )
 
 
-def prefilled(model: PreTrainedModel, context: int) -> ModelRunner:
-    runner = ModelRunner(adapter_for(model))
+def prefilled(model: PreTrainedModel, context: int, compile: str = "off") -> ModelRunner:
+    runner = ModelRunner(adapter_for(model), compiled_forward(model, compile, "model"))
     runner.prefill({"input_ids": random_ids(context, runner.device, high=regular_ids(model))})
     return runner
 
@@ -135,21 +140,25 @@ def rewound_ms(runner: ModelRunner, forward: Callable[[], object], repeats: int)
     return timed(run, runner.device, repeats)
 
 
-def verification_ms(model: PreTrainedModel, context: int, nodes: list[int], repeats: int) -> list[float]:
+def verification_ms(
+    model: PreTrainedModel, context: int, nodes: list[int], repeats: int, compile: str = "off"
+) -> list[float]:
     """The target's forward over a tree of each size in `nodes`, after a cache of `context` tokens."""
-    runner = prefilled(model, context)
+    runner = prefilled(model, context, compile)
     trees = [k_ary_tree(n, runner.device, high=regular_ids(model)) for n in nodes]
     return [rewound_ms(runner, lambda tree=tree: verify_tree(runner, tree), repeats) for tree in trees]
 
 
-def level_ms(model: PreTrainedModel, context: int, widths: list[int], repeats: int) -> list[float]:
+def level_ms(
+    model: PreTrainedModel, context: int, widths: list[int], repeats: int, compile: str = "off"
+) -> list[float]:
     """The draft's forward over one tree level of each width in `widths`, after a cache of `context` tokens."""
-    runner = prefilled(model, context)
+    runner = prefilled(model, context, compile)
     start, result = runner.length, []
     for width in widths:
         tokens = random_ids(width, runner.device, seed=width, high=regular_ids(model))[0]
         depths = torch.ones(width, dtype=torch.long, device=runner.device)
-        bias = additive_mask(start, torch.eye(width, dtype=torch.bool, device=runner.device), runner.dtype)
+        bias = additive_mask(torch.eye(width, dtype=torch.bool, device=runner.device), runner.dtype)
         result.append(rewound_ms(runner, lambda t=tokens, d=depths, b=bias: runner.forward(t, d, b, start), repeats))
     return result
 
@@ -159,10 +168,13 @@ def generate_ms(model: PreTrainedModel, ids: torch.Tensor, new_tokens: int, repe
     return timed(lambda: model.generate(input_ids=ids, **settings), ids.device, repeats)
 
 
-def ar_ms_per_token(model: PreTrainedModel, context: int, new_tokens: int, repeats: int) -> float:
-    """Plain `generate`'s ms per token after a prompt of `context` tokens (its prefill taken out)."""
+def ar_ms_per_token(model: PreTrainedModel, context: int, new_tokens: int, repeats: int, compile: str = "off") -> float:
+    """Plain `generate`'s ms per token after a prompt of `context` tokens (its prefill taken out); compiled, with a
+    static cache."""
     ids = random_ids(context, model.device)
-    return (generate_ms(model, ids, new_tokens, repeats) - generate_ms(model, ids, 1, repeats)) / (new_tokens - 1)
+    extra = {} if compile == "off" else dict(cache_implementation="static", compile_config=compiled_generate_config())
+    full, prefill = (generate_ms(model, ids, n, repeats, **extra) for n in (new_tokens, 1))
+    return (full - prefill) / (new_tokens - 1)
 
 
 def assisted_ms_per_step(
@@ -185,7 +197,7 @@ def own_ms_per_step(
     target: PreTrainedModel, draft: PreTrainedModel, policy: str, context: int, new_tokens: int, repeats: int
 ) -> tuple[float, float]:
     """vlmspec's ms per step outside both models' forwards (the forwards timed to the device), and its steps."""
-    spec = SpeculativeVLM(target, draft, policy=policy, pruning=None)
+    spec = SpeculativeVLM(target, draft, policy=policy, pruning=None, compile="off")
     ids = random_ids(context, target.device)
     clock = ForwardClock(target, draft, synchronize=synchronizer(target.device))
     settings = dict(input_ids=ids, do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens)
@@ -210,9 +222,9 @@ def report_pair(name: str, args: argparse.Namespace, device: torch.device, dtype
     rows = {}
     for context in contexts:
         rows[context] = {
-            "ar_ms_per_token": ar_ms_per_token(target, context, args.new_tokens, args.repeats),
-            "verify_ms": verification_ms(target, context, nodes, args.repeats),
-            "draft_level_ms": level_ms(draft, context, widths, args.repeats),
+            "ar_ms_per_token": ar_ms_per_token(target, context, args.new_tokens, args.repeats, args.compile),
+            "verify_ms": verification_ms(target, context, nodes, args.repeats, args.compile),
+            "draft_level_ms": level_ms(draft, context, widths, args.repeats, args.compile),
             "hf_assisted_ms_per_step": assisted_ms_per_step(target, draft, context, args.new_tokens, args.repeats),
         }
     own = {p: own_ms_per_step(target, draft, p, contexts[0], args.new_tokens, args.repeats) for p in POLICIES}
@@ -242,7 +254,8 @@ def projection(name: str, row: dict, nodes: list[int], widths: list[int], own: d
 
 def markdown(name: str, result: dict, args: argparse.Namespace) -> str:
     pair = REPLICA_PAIRS[name]
-    lines = [f"## {pair.target} + {pair.draft} ({args.scale} sizes, {args.dtype}, {args.device}, not compiled)", ""]
+    compiled = "compiled" if args.compile == "on" else "not compiled"
+    lines = [f"## {pair.target} + {pair.draft} ({args.scale} sizes, {args.dtype}, {args.device}, {compiled})", ""]
     lines += [
         "| context | generate ms/token | "
         + " | ".join(f"verify {n} ms" for n in args.nodes)
@@ -291,6 +304,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens per generate call")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", help="also write the numbers as JSON here")
+    parser.add_argument(
+        "--compile", choices=["off", "on"], default="off", help="generate, verification and draft levels compiled"
+    )
     args = parser.parse_args(argv)
     unknown = set(args.pairs) - set(PAIRS)
     if unknown:

@@ -1,7 +1,8 @@
 """Shared fixtures: per family one tiny target, three kinds of draft, and real preprocessed inputs.
 
 `pytest --device cuda` puts the families' models and inputs, the replica pairs the entry points load, and the
-captioning jobs on that device (default: the CPU).
+captioning jobs on that device (default: the CPU). `pytest --compile on` runs every decoding the tests do not
+set otherwise through compiled forwards (default: off, whatever the device).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from functools import cached_property
 import pytest
 import torch
 
+from vlmspec.engine.compiled import COMPILE_CHOICES, COMPILE_ENV
 from vlmspec.testing import (
     TINY_FAMILIES,
     chat_inputs,
@@ -34,6 +36,12 @@ DEVICE = torch.device("cpu")
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--device", default="cpu", help="where the tests run models and inputs (cpu, cuda, cuda:1, ...)")
+    parser.addoption(
+        "--compile",
+        default="off",
+        choices=COMPILE_CHOICES,
+        help="what compile='auto' does in the tests (sets VLMSPEC_COMPILE): on runs the suite's decoding compiled",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -41,6 +49,7 @@ def pytest_configure(config: pytest.Config) -> None:
     DEVICE = torch.device(config.getoption("--device"))
     if DEVICE.type == "cuda" and not torch.cuda.is_available():
         raise pytest.UsageError("--device cuda was given but torch sees no CUDA device")
+    os.environ[COMPILE_ENV] = config.getoption("--compile")
 
 
 def on_device(inputs: dict) -> dict:

@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import CASES, DEVICE, DRAFTS, on_device
 
-from vlmspec import SageConfig, SpeculativeVLM
+from vlmspec import SageConfig, SageGtConfig, SpeculativeVLM
 from vlmspec.adapters import adapter_for
 from vlmspec.engine.runner import ModelRunner
 from vlmspec.testing import chat_inputs, sample_frames
@@ -90,6 +90,16 @@ def test_processor_outputs_on_the_cpu_decode_on_the_models_device(qwen):
     settings = dict(do_sample=False, max_new_tokens=16, min_new_tokens=12)
     expected = qwen.target.generate(**qwen.cases["image"], **settings)
     assert torch.equal(spec.generate(**qwen.cpu_cases["image"], **settings).cpu(), expected.cpu())
+
+
+@pytest.mark.parametrize("case", ["image", "video", "long_prompt"])
+def test_sage_gt_with_fixed_shapes_equals_target_generate(family, case):
+    """sage-gt's masked levels (as many as the last tree's levels paid for) leave the output unchanged."""
+    policy = SageGtConfig(sage=SageConfig(fixed_shapes=True))
+    spec = SpeculativeVLM(family.target, family.drafts["noisy"], policy=policy)
+    for _ in range(2):
+        assert torch.equal(spec.generate(**family.cases[case], max_new_tokens=32), family.reference(case))
+    assert spec.policy.ready
 
 
 @pytest.mark.parametrize("case", ["image", "video", "long_prompt"])

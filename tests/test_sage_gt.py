@@ -129,6 +129,36 @@ def test_a_plan_drafts_another_level_only_when_it_pays_for_the_forward():
     assert not dear.grows(1)
 
 
+def test_a_masked_plan_grows_the_levels_it_was_given_and_an_unmasked_one_its_bound():
+    plan = CostAwareTreePlan(
+        4.0, 16, 64, 4, AcceptanceCalibration(), node_floor=0.1, forward_floor=(0.3, 0.01), paying_levels=3
+    )
+    assert (plan.levels(masked=True), plan.levels(masked=False)) == (3, 16)
+
+
+def test_a_masked_plan_carries_each_slots_value_so_masked_parents_have_worthless_children():
+    plan = _plan(node_floor=0.2)
+    probs = torch.tensor([[0.6, 0.3, 0.05, 0.05]]).log()
+    rows, ranks, valid = plan.slots(1, torch.zeros(1), probs, None, count=4)
+    assert valid.tolist() == [True, True, False, False]
+    child = torch.tensor([[0.9, 0.1, 0.0, 0.0]] * 4).log()
+    _, _, valid = plan.slots(2, torch.zeros(4), child, None, count=4)
+    assert valid.tolist() == [True, True, False, False]
+
+
+def test_the_policy_sizes_masked_levels_by_how_deep_the_last_trees_levels_paid():
+    policy = SageGtPolicy()
+    chain = [0, 0, 1, 2]
+    confident = [0.0, -0.01, -0.02, -0.03]
+    assert policy._paying_levels((0.0, 0.0)) == policy.config.max_depth
+    policy._last_tree = (chain, confident)
+    assert policy._paying_levels((0.0, 0.0)) == 4
+    assert policy._paying_levels((10.0, 0.0)) == 1
+    doubtful = [0.0, -0.01, -5.0, -10.0]
+    policy._last_tree = (chain, doubtful)
+    assert policy._paying_levels((0.3, 0.0)) == 2
+
+
 def test_the_policy_plans_with_sage_until_its_cost_model_is_warm():
     policy = SageGtPolicy(SageGtConfig(warmup_steps=3))
     one_hot = torch.full((20,), -1e9)

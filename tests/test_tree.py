@@ -41,7 +41,7 @@ def test_path_retrieval_goes_root_to_node():
 
 def test_attention_bias_lets_each_node_see_prefix_and_ancestors_only():
     tree = small_tree()
-    bias = tree.attention_bias(prefix_len=3, dtype=torch.float32)
+    bias = tree.attention_bias(torch.float32, prefix_len=3)
     assert bias.shape == (1, 1, 5, 8)
     visible = bias[0, 0] == 0
     assert visible[:, :3].all()
@@ -131,7 +131,7 @@ def test_causal_mask_for_pending_tokens_sees_cache_and_earlier_tokens():
     from vlmspec.engine.tree import additive_mask
 
     causal = torch.ones(3, 3, dtype=torch.bool).tril_()
-    visible = additive_mask(2, causal, torch.float32)[0, 0] == 0
+    visible = additive_mask(causal, torch.float32, prefix_len=2)[0, 0] == 0
     assert visible.tolist() == [
         [True, True, True, False, False],
         [True, True, True, True, False],

@@ -65,6 +65,7 @@ def generate(
     device_map: Any = None,
     target_quantization: Any = None,
     draft_quantization: Any = None,
+    compile: str | bool = "auto",
     **options: Any,
 ) -> str | list[str] | tuple[str | list[str], SpecStats | list[SpecStats]]:
     """Describe images and videos with a target VLM, sped up by its draft; returns exactly the target's own text.
@@ -78,6 +79,7 @@ def generate(
     and `end` seconds. Other keyword arguments go to `SpeculativeVLM.generate` (e.g. `min_new_tokens`, `temperature`).
 
     The pair goes where `device_map` says; by default onto the first GPU when one is visible, else the CPU.
+    `compile` (`"auto"`, `"on"`/True, `"off"`/False) runs the decoding forwards compiled; `"auto"` on CUDA only.
 
     Arguments are checked before any model loads; bad ones and bad media raise the `VLMSpecError` of their kind,
     naming the argument or file.
@@ -92,6 +94,7 @@ def generate(
         device_map=default_device_map() if device_map is None else device_map,
         target_quantization=target_quantization,
         draft_quantization=draft_quantization,
+        compile=compile,
     )
     runner = spec.with_options(policy, pruning, prune_ratio)
     frames = dict(num_frames=num_frames, fps=fps, max_frames=max_frames, start=start, end=end)

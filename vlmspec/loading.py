@@ -13,7 +13,7 @@ from .errors import UnsupportedAttentionError, UnsupportedModelError, Vocabulary
 
 Quantization = str | BitsAndBytesConfig | None
 
-#: Attention implementations that take the engine's 4-D additive tree mask as it is.
+#: Attention implementations vlmspec's tree attention is built over (`vlmspec.attention`).
 TREE_ATTENTION = ("sdpa", "eager")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -9,6 +10,7 @@ from transformers import GenerationConfig, PreTrainedModel
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .adapters import adapter_for
+from .engine.compiled import LARGEST_FORWARD, compiled_forward, resolve_compile
 from .engine.loop import SpeculativeDecoder
 from .engine.runner import ModelRunner
 from .engine.stats import SpecStats
@@ -58,6 +60,10 @@ class SpeculativeVLM:
     (`"verifier"` by default, `"uniform"`, `"random"`, a `PruningConfig` or None) cuts the visual tokens the draft
     sees; `prune_ratio` is the share dropped (default 0.9 with video, 0.8 for images). One sequence per call:
     inputs with batch size > 1 raise `BatchSizeError`.
+
+    `compile` (`"auto"`, True/`"on"`, False/`"off"`) runs both models' decoding forwards through `torch.compile`
+    at fixed shapes (CUDA graphs on a GPU); `"auto"` compiles on CUDA only, and the `VLMSPEC_COMPILE` environment
+    variable overrides it. Each padded size compiles on first use; quantised or offloaded models run eager.
     """
 
     def __init__(
@@ -70,16 +76,19 @@ class SpeculativeVLM:
         prune_ratio: float | None = None,
         vocab_size: int | None = None,
         processor: Any = None,
+        compile: str | bool = "auto",
     ):
         target_adapter, draft_adapter = adapter_for(target), adapter_for(draft)
+        resolve_compile(compile)
         check_model_attention(target, "target")
         check_model_attention(draft, "draft")
         self.target = target
         self.draft = draft
         self.processor = processor
         self.vocab_size = vocab_size
-        self._target_runner = ModelRunner(target_adapter)
-        self._draft_runner = ModelRunner(draft_adapter)
+        self.compile = compile
+        self._target_runner = ModelRunner(target_adapter, compiled_forward(target, compile, "target"))
+        self._draft_runner = ModelRunner(draft_adapter, compiled_forward(draft, compile, "draft"))
         if vocab_size is None and processor is not None and getattr(processor, "tokenizer", None) is not None:
             vocab_size = len(processor.tokenizer)
         vocab_limit = check_vocabularies(target, draft, vocab_size)
@@ -94,6 +103,11 @@ class SpeculativeVLM:
             draft_input_limit=draft.get_input_embeddings().weight.shape[0],
         )
         self.last_stats: SpecStats | None = None
+
+    @property
+    def compiled(self) -> bool:
+        """Whether decoding forwards run compiled (either model)."""
+        return self._target_runner.compiled is not None or self._draft_runner.compiled is not None
 
     @property
     def context_length(self) -> int | None:
@@ -115,6 +129,7 @@ class SpeculativeVLM:
             prune_ratio=prune_ratio,
             vocab_size=self.vocab_size,
             processor=self.processor,
+            compile=self.compile,
         )
 
     @classmethod
@@ -132,6 +147,7 @@ class SpeculativeVLM:
         target_quantization: Quantization = None,
         draft_quantization: Quantization = None,
         attn_implementation: str | None = None,
+        compile: str | bool = "auto",
         **hub_kwargs: Any,
     ) -> SpeculativeVLM:
         """Load a pair (hub ids or directories) and the target's processor; refuse tokenizers that disagree.
@@ -159,6 +175,7 @@ class SpeculativeVLM:
             prune_ratio=prune_ratio,
             vocab_size=len(processor.tokenizer),
             processor=processor,
+            compile=compile,
         )
 
     @torch.inference_mode()
@@ -212,6 +229,23 @@ class SpeculativeVLM:
         if return_dict or (return_dict is None and self.target.generation_config.return_dict_in_generate):
             return GenerateDecoderOnlyOutput(sequences=sequences)
         return sequences
+
+    @torch.inference_mode()
+    def warm_up(self, max_new_tokens: int = 128, **inputs: Any) -> float:
+        """Compile, now, every padded size either model's decoding forwards can meet, at the cache size a call on
+        `inputs` (the processor's output for the longest prompt to come) with `max_new_tokens` uses; returns the
+        seconds it took (0 when nothing runs compiled). Compiled forwards otherwise compile each size on first use.
+        """
+        if not self.compiled:
+            return 0.0
+        started = time.perf_counter()
+        keys = self._target_runner.adapter.input_keys
+        model_inputs = {k: inputs[k] for k in keys if inputs.get(k) is not None}
+        for runner in (self._target_runner, self._draft_runner):
+            if runner.compiled is not None:
+                runner.prefill(_to_device(model_inputs, runner.adapter.device), room=max_new_tokens)
+                runner.warm_up(LARGEST_FORWARD)
+        return time.perf_counter() - started
 
     def __repr__(self) -> str:
         return (

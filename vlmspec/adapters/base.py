@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -10,7 +11,6 @@ from typing import Any, ClassVar
 import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import Cache
-from transformers.models.llama.modeling_llama import rotate_half
 
 
 @dataclass
@@ -82,19 +82,6 @@ class ModelAdapter(ABC):
     def has_video(self, inputs: dict[str, Any]) -> bool:
         """Whether the prompt's inputs hold a video."""
         return any(inputs.get(key) is not None for key in self.video_input_keys)
-
-    def text_queries(
-        self, module: torch.nn.Module, hidden: torch.Tensor, position_embeddings: tuple, rows: torch.Tensor
-    ) -> torch.Tensor:
-        """The rotated queries `(1, heads, len(rows), head_dim)` attention `module` computes for prompt `rows`, rebuilt
-        from its input `hidden`: its query projection, the query norm where the family has one, then RoPE."""
-        q = module.q_proj(hidden[:, rows]).view(1, rows.shape[0], -1, module.head_dim)
-        if hasattr(module, "q_norm"):
-            q = module.q_norm(q)
-        q = q.transpose(1, 2)
-        cos, sin = position_embeddings
-        c, s = cos[:, rows].unsqueeze(1), sin[:, rows].unsqueeze(1)
-        return q * c + rotate_half(q) * s
 
     def new_cache(self) -> DynamicCache:
         return DynamicCache(config=self.model.config)
@@ -168,10 +155,16 @@ class ModelAdapter(ABC):
         return Prefill(last_logits=out.logits[0, -1], length=length, next_position=int(positions[..., -1].max()) + 1)
 
     def decode(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor, cache: Cache
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        bias: torch.Tensor,
+        cache: Cache,
+        model: Callable | None = None,
     ) -> torch.Tensor:
-        """Logits `(q, V)` for `input_ids` (q,) at `positions`, attending through the additive mask `bias`."""
-        out = self.model(
+        """Logits `(q, V)` for `input_ids` (q,) at `positions`, attending through the additive mask `bias`; `model`
+        runs the forward in the model's place (its compiled form)."""
+        out = (self.model if model is None else model)(
             input_ids=input_ids[None],
             position_ids=self.position_ids(positions),
             attention_mask=bias,

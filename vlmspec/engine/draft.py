@@ -92,8 +92,8 @@ class Drafter:
         `sequence` (1, T) is everything emitted so far, ending with the root; `processing` the config's processors.
         The tree stops at `max_depth` levels (the tokens left in the budget, less the bonus token), if given.
         """
-        depth = plan.depth if max_depth is None else max(0, min(plan.depth, max_depth))
         masked = plan.masked if plan.masked is not None else self.runner.device.type != "cpu"
+        depth = plan.levels(masked) if max_depth is None else max(0, min(plan.levels(masked), max_depth))
         slots = plan.max_nodes * (depth if masked else 1)
         if slots + 1 > self.builder.capacity or self.builder.tokens.device != self.runner.device:
             self.builder = TreeBuilder(max(slots, self.builder.capacity - 1), self.runner.device)
@@ -109,7 +109,7 @@ class Drafter:
         root_log_probs, root_order = self._log_probs(logits[-1], processing, sequence)
         frontier = slice(0, 1)
         child_log_probs, child_order = root_log_probs[None], root_order[None]
-        cached_nodes, cached_depth, forwards, fed_tokens = 0, 0, 1, pending.shape[0]
+        cached_depth, forwards, fed_tokens = 0, 1, pending.shape[0]
         real_nodes = torch.zeros((), dtype=torch.long, device=runner.device)
         for level in range(1, depth + 1):
             top = child_order.topk(plan.top_k, dim=-1).indices
@@ -135,15 +135,15 @@ class Drafter:
                 valid,
             )
             full = not masked and builder.size - 1 >= plan.max_nodes
-            if level == depth or full or not plan.grows(level):
+            if level == depth or full or (not masked and not plan.grows(level)):
                 break
             frontier = new
-            bias = additive_mask(runner.length - cached_nodes, builder.ancestors[new, 1 : new.stop], runner.dtype)
+            bias = additive_mask(builder.ancestors[new, 1 : new.stop], runner.dtype)
             logits = runner.forward(builder.tokens[new], builder.depths[new], bias, root_index)
             forwards, fed_tokens = forwards + 1, fed_tokens + new.stop - new.start
             child_log_probs, child_order = self._log_probs(
                 logits, processing, sequence, None if processing is None else builder.ancestors[new, : builder.size]
             )
-            cached_nodes, cached_depth = new.stop - 1, level
+            cached_depth = level
         tree, greedy_depth, slots = builder.finish()
         return Drafted(tree, root_log_probs, cached_depth, greedy_depth, forwards, fed_tokens, slots)

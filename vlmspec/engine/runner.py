@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from ..adapters import ModelAdapter
-from .cache import TREE_ROOM, SlabCache, check_cache
+from ..attention import tree_attention
+from .cache import TREE_ROOM, SlabCache, check_cache, fixed_capacity
+from .compiled import fixed_mask, padded_size, padded_sizes
 from .tree import additive_mask
 
 
@@ -16,10 +19,15 @@ class ModelRunner:
 
     Tokens after the prompt are positioned one after another: the token at cache index i sits at position
     `i + offset`, where the offset comes from the prompt (M-RoPE prompts end beyond their length, pruned ones short).
+
+    With `compiled` (the model under `torch.compile`), decoding forwards run fixed-shape through it: tokens padded
+    to one of a few sizes, the cache fixed at a rounded capacity, the mask spanning it; the cache's buffers are kept
+    from call to call (a call that needs more room grows them). Prompts always run eager.
     """
 
-    def __init__(self, adapter: ModelAdapter):
+    def __init__(self, adapter: ModelAdapter, compiled: Callable | None = None):
         self.adapter = adapter
+        self.compiled = compiled
         self.cache: SlabCache | None = None
         self.offset = 0
         check_cache(adapter.model.config)
@@ -40,9 +48,16 @@ class ModelRunner:
         tokens (plus a tree's); returns the last prompt token's logits."""
         self.refresh()
         prompt = inputs["input_ids"].shape[1] if keep is None else int(keep.sum())
-        self.cache = SlabCache(self.adapter.layer_devices(), prompt + room + TREE_ROOM)
-        result = self.adapter.prefill(inputs, self.cache, keep)
+        capacity = prompt + room + TREE_ROOM
+        if self.compiled is None:
+            self.cache = SlabCache(self.adapter.layer_devices(), capacity)
+        else:
+            self.cache = SlabCache(self.adapter.layer_devices(), fixed_capacity(capacity), reuse=self.cache)
+        with tree_attention(self.adapter.language_model.config):
+            result = self.adapter.prefill(inputs, self.cache, keep)
         self.cache.settle()
+        if self.compiled is not None:
+            self.cache.fix()
         self.offset = result.next_position - result.length
         return result.last_logits.to(self.device)
 
@@ -51,17 +66,45 @@ class ModelRunner:
         return index + self.offset
 
     def forward(self, tokens: torch.Tensor, depths: torch.Tensor, bias: torch.Tensor, base_index: int) -> torch.Tensor:
-        """Append `tokens` at positions `position(base_index) + depths` through the additive mask `bias`."""
+        """Append `tokens` at positions `position(base_index) + depths`; `bias` (1, 1, q, k) is the additive mask
+        over the last k keys (the tokens' own and those of earlier tree levels), every key before them is seen."""
         positions = depths + self.position(base_index)
-        logits = self.adapter.decode(tokens, positions, bias, self.cache)
+        if self.compiled is not None:
+            return self._fixed_forward(tokens, positions, bias)
+        with tree_attention(self.adapter.language_model.config):
+            logits = self.adapter.decode(tokens, positions, bias, self.cache)
         self.cache.settle()
         return logits.to(self.device)
+
+    def warm_up(self, largest: int) -> None:
+        """Run the compiled forward once at every padded size up to `largest` tokens over the cache (compiling each),
+        leaving the cache as it was."""
+        start = self.length
+        for size in padded_sizes(largest):
+            tokens = torch.zeros(size, dtype=torch.long, device=self.device)
+            depths = torch.arange(1, size + 1, device=self.device)
+            self.forward(tokens, depths, self.causal_bias(size), start)
+            self.keep(start, tokens[:0])
+
+    def _fixed_forward(self, tokens: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """`forward` through the compiled model at the padded size, over the whole fixed cache."""
+        count, cache = tokens.shape[0], self.cache
+        size = padded_size(count)
+        cache.reserve(cache.length + size)
+        if size > count:
+            tokens = torch.cat([tokens, tokens.new_zeros(size - count)])
+            positions = torch.cat([positions, positions[-1:].expand(size - count)])
+        mask = fixed_mask(bias, cache.length + count, size, cache.capacity)
+        logits = self.adapter.decode(tokens, positions, mask, cache, self.compiled)[:count]
+        cache.advance(count)
+        # A CUDA graph's outputs live in its memory pool, which its next replay overwrites.
+        return logits.clone() if logits.device.type == "cuda" else logits.to(self.device)
 
     def keep(self, start: int, keep: torch.Tensor) -> None:
         """Keep, of the entries from cache index `start` on, those at offsets `keep` (ascending)."""
         self.cache.keep(start, keep)
 
     def causal_bias(self, q: int) -> torch.Tensor:
-        """Additive mask for `q` new tokens appended causally after the current cache."""
+        """Additive mask block for `q` new tokens appended causally after the current cache."""
         causal = torch.ones(q, q, dtype=torch.bool, device=self.device).tril_()
-        return additive_mask(self.length, causal, self.dtype)
+        return additive_mask(causal, self.dtype)

@@ -11,8 +11,11 @@ from dataclasses import dataclass
 import torch
 
 
-def additive_mask(prefix_len: int, visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """An additive mask `(1, 1, q, prefix_len + k)`: each row sees the prefix and its `visible` (q, k) keys."""
+def additive_mask(visible: torch.Tensor, dtype: torch.dtype, prefix_len: int = 0) -> torch.Tensor:
+    """An additive mask `(1, 1, q, prefix_len + k)`: each row sees the prefix and its `visible` (q, k) keys.
+
+    With no prefix it is the block form the tree attention takes: it covers the last k keys, all before are seen.
+    """
     q, k = visible.shape
     bias = torch.zeros((1, 1, q, prefix_len + k), dtype=dtype, device=visible.device)
     bias[0, 0, :, prefix_len:].masked_fill_(visible.logical_not(), torch.finfo(dtype).min)
@@ -49,9 +52,10 @@ class DraftTree:
         """Node indices from the root to `node`, both included, in root-to-leaf order."""
         return self.ancestors[node].nonzero().squeeze(1)
 
-    def attention_bias(self, prefix_len: int, dtype: torch.dtype) -> torch.Tensor:
-        """Additive mask `(1, 1, n, prefix_len + n)`: each node sees the whole prefix, its ancestors and itself."""
-        return additive_mask(prefix_len, self.ancestors, dtype)
+    def attention_bias(self, dtype: torch.dtype, prefix_len: int = 0) -> torch.Tensor:
+        """Additive mask `(1, 1, n, prefix_len + n)`: each node sees the whole prefix, its ancestors and itself
+        (without `prefix_len`, the block over the nodes' own keys that the tree attention takes)."""
+        return additive_mask(self.ancestors, dtype, prefix_len)
 
     def leaf_paths(self) -> list[list[int]]:
         """Every root-to-leaf path as lists of node indices (for inspection and tests, not the hot path)."""

@@ -11,4 +11,4 @@ from .tree import DraftTree
 def verify_tree(runner: ModelRunner, tree: DraftTree) -> torch.Tensor:
     """The target's logits after every node (n, V); the root and all nodes enter the target's cache."""
     root_index = runner.length
-    return runner.forward(tree.tokens, tree.depths, tree.attention_bias(root_index, runner.dtype), root_index)
+    return runner.forward(tree.tokens, tree.depths, tree.attention_bias(runner.dtype), root_index)

@@ -5,7 +5,9 @@ transformers' `compile_config`, on any device; its first call's compilation fall
 (target.generate with the draft as `assistant_model`), `chain`,
 `static-tree`, `specvlm` (verifier pruning + static tree), `sage` (verifier pruning + SAGE), `sage-gt` (verifier
 pruning + SAGE sized by measured cost), and `sage-full` / `sage-gt-full`, the same without pruning (the draft sees
-every visual token). Each method is warmed up on the first item; then every item is run by every method in turn,
+every visual token). When the pair runs compiled, every padded size is compiled first (`SpeculativeVLM.warm_up`
+on the longest item); each method is then warmed up on the first item (`warm_up_seconds` records both) and starts
+afresh (a new policy, which learns across calls); then every item is run by every method in turn,
 so a change in the machine's speed during the run falls on all methods alike. All use the same generation
 settings, greedy unless they sample; every call on item i starts from `torch.manual_seed(i)`, so a sampled run
 repeats. Speedup is tokens per second relative to `ar` in the same run; exact_match the share of items whose ids
@@ -175,10 +177,16 @@ def run_bench(
     runners = {m: _Runner(spec, m, generation) for m in methods}
     references: list[torch.Tensor] = []
     entropies: list[np.ndarray] = []
+    longest = max(inputs, key=lambda item: item["input_ids"].shape[1])
+    warm_up = {"compile": spec.warm_up(max_new_tokens, **longest)} if spec.compiled else {}
     bar = tqdm(total=len(methods) * (len(inputs) + 1), desc=f"bench {suite}", disable=not progress)
     for method in methods:
+        start = time.perf_counter()
         runners[method](inputs[0], max_new_tokens)
         bar.update()
+        warm_up[method] = time.perf_counter() - start
+    # Every method starts the timed items afresh (policies learn across calls; compiled graphs are kept).
+    runners = {m: _Runner(spec, m, generation) for m in methods}
     for index, item in enumerate(inputs):
         for method, runner in runners.items():
             torch.manual_seed(index)
@@ -216,6 +224,8 @@ def run_bench(
         "generation": generation,
         "sampling": sampling,
         "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}",
+        "compiled": spec.compiled,
+        "warm_up_seconds": warm_up,
         "methods": {m: runs[m].summary(ar_rate) for m in methods},
         "tau_per_item": {m: runs[m].taus for m in methods if runs[m].taus},
         "entropy_autocorrelation": autocorrelation(entropies),
@@ -249,13 +259,15 @@ class _Runner:
             out = self.target.generate(**inputs, assistant_model=self.draft, **kwargs)
             return out, None
         if self.method == "ar-compiled":
-            out = self.target.generate(**inputs, cache_implementation="static", compile_config=_compiled(), **kwargs)
+            out = self.target.generate(
+                **inputs, cache_implementation="static", compile_config=compiled_generate_config(), **kwargs
+            )
             return out, None
         out = self.target.generate(**inputs, output_scores=True, return_dict_in_generate=True, **kwargs)
         return out.sequences, out.scores
 
 
-def _compiled() -> CompileConfig:
+def compiled_generate_config() -> CompileConfig:
     """`generate`'s compilation of its decoding forward, on every device (by default it compiles on accelerators
     only)."""
     config = CompileConfig(fullgraph=True)
@@ -282,6 +294,17 @@ def decoding_line(results: dict[str, Any]) -> str:
     )
 
 
+def compile_line(results: dict[str, Any]) -> str:
+    """Whether vlmspec's forwards ran compiled, and what warming up (compiling every padded size) took."""
+    warm = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in results.get("warm_up_seconds", {}).items())
+    if not results.get("compiled"):
+        return f"vlmspec's forwards: eager. Warm-up (first item, not timed): {warm}."
+    return (
+        "vlmspec's forwards: compiled (every padded size compiled before timing, so compilation stays out of the "
+        f"figures). Warm-up, not timed: {warm}."
+    )
+
+
 def markdown_report(results: dict[str, Any], command: str) -> str:
     """The results as markdown: the main table and the phase breakdown (as SAGE's Table 6)."""
     lines = [
@@ -289,6 +312,8 @@ def markdown_report(results: dict[str, Any], command: str) -> str:
         f"{results['machine']}.",
         "",
         decoding_line(results),
+        "",
+        compile_line(results),
         "",
         f"Command: `{command}`",
         "",

@@ -47,6 +47,10 @@ class TreePlan(ABC):
         """The selected children as (frontier row, rank) index pairs, ordered by row then rank."""
         return self.select(level, parent_log_probs, child_log_probs, budget).nonzero(as_tuple=True)
 
+    def levels(self, masked: bool) -> int:
+        """How many levels to grow: `depth`, the most a plan may grow unmasked (where `grows` can stop it early)."""
+        return self.depth
+
     def max_children(self, level: int) -> int:
         """The most children one node can get at `level` (a bound on the host, for sizing masked levels)."""
         return self.top_k
@@ -68,7 +72,8 @@ class TreePlan(ABC):
         return order // k, order % k, keep[order]
 
     def grows(self, level: int) -> bool:
-        """Whether to run the draft over level `level`'s nodes to propose level `level + 1` (below `depth`)."""
+        """Whether to run the draft over level `level`'s nodes to propose level `level + 1` (below `depth`); asked
+        of unmasked plans only, since answering from the device's values waits for the device."""
         return True
 
     @property

@@ -93,13 +93,17 @@ class AcceptanceCalibration:
     ) -> float:
         """Expected accepted draft tokens of a tree (nodes in level order): over its nodes, the product of c(q) along
         each path."""
+        return sum(self.node_values(parents, log_probs)) - 1.0
+
+    def node_values(self, parents: torch.Tensor | Sequence[int], log_probs: torch.Tensor | Sequence[float]) -> list:
+        """Each node's chance of being accepted (the root's 1): the product of c(q) along its path."""
         parents, log_probs = _host(parents), _host(log_probs)
         table = [0.0, *self.rates]
         values = [1.0] * len(parents)
         for node in range(1, len(parents)):
             parent = parents[node]
             values[node] = values[parent] * table[self._entry(math.exp(log_probs[node] - log_probs[parent]))]
-        return sum(values) - 1.0
+        return values
 
 
 def _host(values: torch.Tensor | Sequence[float]) -> list:

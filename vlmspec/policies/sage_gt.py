@@ -30,6 +30,7 @@ class SageGtConfig:
     has `warmup_steps` observations. `max_depth` and `max_nodes` only bound the buffers: the cost decides the
     size, down to the root alone (plain decoding) when no child is worth its cost; every `explore_every`-th step
     then still proposes the draft's first guess, so the calibration sees whether the draft has become worth it.
+    `sage.fixed_shapes` decides here too whether levels are masked slots (see `CostAwareTreePlan`).
     Costs are fitted over the last `cost_window` steps, the achieved rate over the last `rate_window`;
     `calibration_*` set the acceptance calibration's bins, prior weight and memory (in trees).
     """
@@ -64,7 +65,10 @@ class CostAwareTreePlan(AdaptiveTreePlan):
     node's time could have produced at the achieved rate); with `explore`, the best first-level child is kept
     whatever its value. A level is drafted below the current one when the current level's value times the
     chance that a path goes on exceeds `forward_floor[0] + forward_floor[1] * nodes`, the tokens a draft forward
-    over them costs. Not masked: whether a level pays is read from the device level by level.
+    over them costs. Unmasked, whether a level pays is read from the device level by level. Masked (`masked`: True,
+    or None for accelerators only), the levels are fixed numbers of slots, the rejected children masked, and the
+    draft grows `paying_levels` levels: as deep as the previous tree's levels paid, one deeper when all did (the
+    host knows that tree from the step's one read), so drafting never waits for the device.
     """
 
     def __init__(
@@ -77,8 +81,11 @@ class CostAwareTreePlan(AdaptiveTreePlan):
         node_floor: float,
         forward_floor: tuple[float, float],
         explore: bool = False,
+        masked: bool | None = False,
+        paying_levels: int | None = None,
     ):
-        super().__init__(max_depth, width, max_nodes, top_k, threshold_scale=0.0, masked=False)
+        super().__init__(max_depth, width, max_nodes, top_k, threshold_scale=0.0, masked=masked)
+        self.paying_levels = max_depth if paying_levels is None else max(1, min(paying_levels, max_depth))
         self.calibration = calibration
         self.node_floor = node_floor
         self.forward_floor = forward_floor
@@ -111,6 +118,21 @@ class CostAwareTreePlan(AdaptiveTreePlan):
         self._values = self._candidate_values[rows, ranks]
         return rows, ranks
 
+    def slots(
+        self,
+        level: int,
+        parent_log_probs: torch.Tensor,
+        child_log_probs: torch.Tensor,
+        budget: torch.Tensor | None,
+        count: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        rows, ranks, valid = super().slots(level, parent_log_probs, child_log_probs, budget, count)
+        self._values = self._candidate_values[rows, ranks] * valid
+        return rows, ranks, valid
+
+    def levels(self, masked: bool) -> int:
+        return self.paying_levels if masked else self.depth
+
     def grows(self, level: int) -> bool:
         fixed, per_node = self.forward_floor
         gain = float(self._values.sum()) * self.continuation
@@ -135,6 +157,7 @@ class SageGtPolicy(TreePolicy):
         self._prediction: tuple[float, float] | None = None
         self._first_step = True
         self._steps = 0
+        self._last_tree: tuple[list[int], list[float]] | None = None
 
     def reset(self) -> None:
         self.sage.reset()
@@ -170,6 +193,7 @@ class SageGtPolicy(TreePolicy):
         rate = self.rate
         target_context, draft_context = self._contexts
         fixed, per_node = self.cost.forward_seconds(draft_context)
+        forward_floor = (rate * fixed, rate * per_node)
         return CostAwareTreePlan(
             self.sage.width_for(self.sage.alpha),
             c.max_depth,
@@ -177,9 +201,35 @@ class SageGtPolicy(TreePolicy):
             c.sage.top_k,
             self.calibration,
             node_floor=rate * self.cost.node_seconds(target_context, draft_context),
-            forward_floor=(rate * fixed, rate * per_node),
+            forward_floor=forward_floor,
             explore=self._steps % c.explore_every == 0,
+            masked=c.sage.fixed_shapes,
+            paying_levels=self._paying_levels(forward_floor),
         )
+
+    def _paying_levels(self, forward_floor: tuple[float, float]) -> int:
+        """How many levels a masked plan grows: 1 + the run of the last tree's levels from the first on whose
+        calibrated value, times the chance a path goes on, paid for a draft forward over them (`grows`' rule on
+        the host's copy of that tree)."""
+        if self._last_tree is None:
+            return self.config.max_depth
+        parents, log_probs = self._last_tree
+        values = self.calibration.node_values(parents, log_probs)
+        depths = [0] * len(parents)
+        sums: dict[int, list[float]] = {}
+        for node in range(1, len(parents)):
+            depths[node] = depths[parents[node]] + 1
+            level = sums.setdefault(depths[node], [0.0, 0])
+            level[0] += values[node]
+            level[1] += 1
+        fixed, per_node = forward_floor
+        paying = 0
+        while paying + 1 in sums:
+            value, count = sums[paying + 1]
+            if value * self.calibration.continuation <= fixed + per_node * count:
+                break
+            paying += 1
+        return paying + 1
 
     def observe(self, step: StepOutcome) -> None:
         tree = step.tree
@@ -193,8 +243,9 @@ class SageGtPolicy(TreePolicy):
             draft_seconds=step.draft_seconds,
         )
         self._prediction = None
-        parents = tree.parents if step.tree_parents is None else step.tree_parents
-        log_probs = tree.log_probs if step.tree_log_probs is None else step.tree_log_probs
+        parents = tree.parents.tolist() if step.tree_parents is None else step.tree_parents
+        log_probs = tree.log_probs.tolist() if step.tree_log_probs is None else step.tree_log_probs
+        self._last_tree = (parents, log_probs)
         if self.ready:
             expected = self.calibration.expected_accepted(parents, log_probs)
             self._prediction = (1.0 + expected, self.cost.predict(measured))

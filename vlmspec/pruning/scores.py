@@ -1,46 +1,47 @@
 """Verifier attention on visual tokens, measured while the target prefills, without full attention matrices.
 
-A hook after each chosen attention layer has the adapter rebuild the queries of the prompt's trailing text rows
-(those after the last visual token) from the layer's input, takes the rotated keys the layer just wrote to the
-cache, and computes softmax(q k^T) for those rows only: (heads x text rows x prompt) per layer, whatever attention
-kernel the model runs. Scores are averaged over heads, text rows and layers.
+The tree attention hands each layer's rotated queries and keys to an observer while the target prefills; for the
+chosen layers it takes the rows of the prompt's trailing text (those after the last visual token) and computes
+softmax(q k^T) for those rows only: (heads x text rows x prompt) per layer, grouped-query heads folded onto their
+key head, so no key is copied. Scores are averaged over heads, text rows and layers.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from contextlib import ExitStack
 
 import torch
 
 from ..adapters import ModelAdapter, VisualLayout
+from ..attention import observing, tree_attention
 
 
 class VerifierScores:
-    """Context manager around a target prefill; `scores` (n_visual,) afterwards, `seconds` the time the hooks took."""
+    """Context manager around a target prefill; `scores` (n_visual,) afterwards, `seconds` the time scoring took."""
 
     def __init__(self, adapter: ModelAdapter, layout: VisualLayout, layers: Sequence[int] | None = None):
         self.adapter = adapter
         self.visual = layout.positions
         modules = adapter.attention_modules()
-        self.modules = modules if layers is None else [modules[i] for i in layers]
+        self.modules = {id(m) for m in (modules if layers is None else [modules[i] for i in layers])}
         length = layout.mask.shape[0]
         last_visual = int(self.visual[-1]) if self.visual.numel() else length
         self.rows = torch.arange(last_visual + 1, length, device=layout.mask.device)
         self.total = torch.zeros(self.visual.shape[0], device=layout.mask.device)
         self.layers_seen = 0
         self.seconds = 0.0
-        self._handles: list = []
+        self._stack = ExitStack()
 
     def __enter__(self) -> VerifierScores:
         if self.rows.numel() and self.visual.numel():
-            self._handles = [m.register_forward_hook(self._hook, with_kwargs=True) for m in self.modules]
+            self._stack.enter_context(tree_attention(self.adapter.language_model.config))
+            self._stack.enter_context(observing(self._observe))
         return self
 
     def __exit__(self, *exc) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
+        self._stack.close()
 
     @property
     def scores(self) -> torch.Tensor:
@@ -48,16 +49,17 @@ class VerifierScores:
         return self.total / max(1, self.layers_seen)
 
     @torch.no_grad()
-    def _hook(self, module: torch.nn.Module, args: tuple, kwargs: dict, output) -> None:
+    def _observe(self, module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor) -> None:
+        if id(module) not in self.modules:
+            return
         started = time.perf_counter()
-        hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-        keys = kwargs["past_key_values"].layers[module.layer_idx].keys
-        rows = self.rows.to(hidden.device)
-        q = self.adapter.text_queries(module, hidden, kwargs["position_embeddings"], rows)
-        keys = keys.repeat_interleave(q.shape[1] // keys.shape[1], dim=1)
-        logits = (q @ keys.transpose(-1, -2)).float() * module.scaling
-        future = torch.arange(keys.shape[2], device=keys.device)[None, :] > rows[:, None]
-        probs = logits.masked_fill(future, float("-inf")).softmax(dim=-1)
-        self.total += probs[0][:, :, self.visual.to(probs.device)].mean(dim=(0, 1)).to(self.total.device)
+        rows = self.rows.to(query.device)
+        kv_heads, length, dim = key.shape[1], key.shape[2], key.shape[3]
+        q = query[:1, :, rows].reshape(1, kv_heads, -1, dim)
+        logits = (q @ key[:1].transpose(-1, -2)).float() * getattr(module, "scaling", dim**-0.5)
+        future = torch.arange(length, device=key.device)[None, :] > rows[:, None]
+        logits = logits.view(kv_heads, -1, rows.shape[0], length).masked_fill_(future, float("-inf"))
+        probs = logits.softmax(dim=-1)
+        self.total += probs[..., self.visual.to(probs.device)].mean(dim=(0, 1, 2)).to(self.total.device)
         self.layers_seen += 1
         self.seconds += time.perf_counter() - started

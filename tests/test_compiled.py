@@ -1,0 +1,178 @@
+"""Compiled forwards: fixed shapes (padded tokens, a fixed cache, a mask over its capacity) decode exactly, eager
+and under `torch.compile`; `compile=` resolves as documented."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from vlmspec import SpeculativeVLM
+from vlmspec.engine.cache import SlabCache, fixed_capacity
+from vlmspec.engine.compiled import COMPILE_ENV, compiled_forward, fixed_mask, padded_size, resolve_compile
+from vlmspec.engine.tree import additive_mask
+
+POLICIES = ("chain", "static-tree", "sage", "sage-gt")
+
+
+def fixed_shapes(spec: SpeculativeVLM) -> SpeculativeVLM:
+    """Both models' decoding on the fixed-shape path, run eager (the path compiled forwards take)."""
+    spec._target_runner.compiled = spec.target
+    spec._draft_runner.compiled = spec.draft
+    return spec
+
+
+def test_padded_sizes_are_powers_of_two_then_multiples_of_sixteen():
+    assert [padded_size(n) for n in (1, 2, 3, 5, 8, 9, 16, 17, 26, 64, 65)] == [1, 2, 4, 8, 8, 16, 16, 32, 32, 64, 80]
+
+
+def test_fixed_capacities_are_few_and_waste_at_most_an_eighth():
+    assert fixed_capacity(1) == 256 and fixed_capacity(300) == 512 and fixed_capacity(2329) == 2560
+    sizes = {fixed_capacity(n) for n in range(1, 20000)}
+    assert len(sizes) <= 8 * 6
+    assert all(fixed_capacity(n) - n <= max(255, n // 8 + 1) for n in range(1, 20000, 7))
+
+
+def test_fixed_mask_shows_the_prefix_and_the_block_and_hides_padding_and_what_follows():
+    visible = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    mask = fixed_mask(additive_mask(visible, torch.float32), end=7, size=4, capacity=10)[0, 0] == 0
+    assert mask.shape == (4, 10)
+    assert mask[:, :4].all()
+    assert torch.equal(mask[:3, 4:7], visible)
+    assert not mask[3, 4:].any()
+    assert not mask[:, 7:].any()
+
+
+def test_a_fixed_cache_writes_at_its_cursor_and_keeps_as_before():
+    cache = SlabCache([torch.device("cpu")], capacity=fixed_capacity(6))
+    prompt = torch.arange(4.0).view(1, 1, 4, 1).expand(1, 2, 4, 3)
+    cache.layers[0].update(prompt, prompt)
+    cache.settle()
+    cache.fix()
+    cache.reserve(cache.length + 4)
+    keys, _ = cache.layers[0].update(torch.full((1, 2, 4, 3), 9.0), torch.full((1, 2, 4, 3), 9.0))
+    assert keys.shape[2] == cache.capacity == 256
+    assert cache.advance(2) == 6
+    assert keys[0, 0, :6, 0].tolist() == [0, 1, 2, 3, 9, 9]
+    assert cache.keep(4, torch.tensor([1])) == 5
+
+
+def test_a_fixed_cache_grows_to_a_rounded_capacity_and_rebinds_its_layers():
+    cache = SlabCache([torch.device("cpu")], capacity=256)
+    cache.layers[0].update(torch.ones(1, 1, 250, 2), torch.ones(1, 1, 250, 2))
+    cache.settle()
+    cache.fix()
+    cache.reserve(cache.length + 16)
+    keys, _ = cache.layers[0].update(torch.zeros(1, 1, 16, 2), torch.zeros(1, 1, 16, 2))
+    assert keys.shape[2] == cache.capacity == fixed_capacity(512)
+    assert keys[0, 0, :250].eq(1).all() and keys[0, 0, 250:266].eq(0).all()
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("case", ["image", "video", "long_prompt"])
+def test_fixed_shape_decoding_equals_target_generate(family, case, policy):
+    spec = fixed_shapes(SpeculativeVLM(family.target, family.drafts["noisy"], policy=policy, compile="off"))
+    assert torch.equal(spec.generate(**family.cases[case], max_new_tokens=32), family.reference(case))
+
+
+def test_fixed_shape_decoding_equals_target_generate_with_pruning_and_a_masked_sage(qwen):
+    from vlmspec import SageConfig
+
+    spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"], policy=SageConfig(fixed_shapes=True), compile="off")
+    fixed_shapes(spec)
+    assert torch.equal(spec.generate(**qwen.cases["video"], max_new_tokens=32), qwen.reference("video"))
+
+
+def test_compiled_decoding_equals_target_generate(qwen):
+    spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"], policy="chain", pruning=None, compile="on")
+    assert spec._target_runner.compiled is not None
+    assert torch.equal(spec.generate(**qwen.cases["image"], max_new_tokens=16), qwen.reference("image", 16))
+
+
+@pytest.mark.parametrize("setting, expected", [(True, "on"), (False, "off"), ("on", "on"), ("off", "off")])
+def test_compile_settings_resolve(setting, expected):
+    assert resolve_compile(setting) == expected
+
+
+def test_auto_takes_the_environment_and_compiles_only_on_cuda_by_itself(monkeypatch, qwen):
+    monkeypatch.setenv(COMPILE_ENV, "auto")
+    assert resolve_compile("auto") == "auto"
+    expected = qwen.target.device.type == "cuda"
+    assert (compiled_forward(qwen.target, "auto", "target") is not None) == expected
+    monkeypatch.setenv(COMPILE_ENV, "on")
+    assert resolve_compile("auto") == "on"
+    assert resolve_compile("off") == "off"
+
+
+@pytest.mark.parametrize("setting", ["yes", 1.0])
+def test_bad_compile_settings_are_refused_by_name(setting, qwen):
+    with pytest.raises(ValueError, match="compile must be"):
+        SpeculativeVLM(qwen.target, qwen.drafts["noisy"], compile=setting)
+
+
+def test_a_bad_environment_setting_is_refused_by_name(monkeypatch):
+    monkeypatch.setenv(COMPILE_ENV, "sometimes")
+    with pytest.raises(ValueError, match=COMPILE_ENV):
+        resolve_compile("auto")
+
+
+def test_a_quantised_model_runs_eager_with_a_notice(monkeypatch, qwen, caplog):
+    monkeypatch.setattr(qwen.drafts["noisy"], "is_quantized", True, raising=False)
+    with caplog.at_level(logging.WARNING, logger="vlmspec.engine.compiled"):
+        assert compiled_forward(qwen.drafts["noisy"], "on", "draft") is None
+    assert "the draft runs eager: it is quantised" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="vlmspec.engine.compiled"):
+        compiled_forward(qwen.drafts["noisy"], "on", "draft")
+    assert not caplog.text
+
+
+def test_the_command_line_offers_the_librarys_compile_choices():
+    from vlmspec import cli
+    from vlmspec.engine.compiled import COMPILE_CHOICES
+
+    assert cli.COMPILE_CHOICES == COMPILE_CHOICES
+    args = cli.build_parser().parse_args(["generate", "hello", "--compile", "on"])
+    assert cli.load_options(args)["compile"] == "on"
+
+
+def test_a_compiled_runner_keeps_its_cache_buffers_from_call_to_call(qwen):
+    spec = fixed_shapes(SpeculativeVLM(qwen.target, qwen.drafts["noisy"], policy="chain", compile="off"))
+    spec.generate(**qwen.cases["image"], max_new_tokens=8)
+    slabs = {d: s.data_ptr() for d, s in spec._target_runner.cache._slabs.items()}
+    out = spec.generate(**qwen.cases["image"], max_new_tokens=16)
+    assert {d: s.data_ptr() for d, s in spec._target_runner.cache._slabs.items()} == slabs
+    assert torch.equal(out, qwen.reference("image", 16))
+
+
+def test_copies_of_a_compiled_model_compile_their_own(qwen):
+    import copy
+    import pickle
+
+    model = qwen.drafts["independent"]
+    compiled = compiled_forward(model, "on", "draft")
+    assert compiled_forward(model, "on", "draft") is compiled
+    for duplicate in (copy.copy(model), copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert compiled_forward(duplicate, "on", "draft") is not compiled
+
+
+def test_warm_up_runs_every_padded_size_once_and_leaves_decoding_exact(qwen):
+    from vlmspec.engine.compiled import LARGEST_FORWARD, padded_sizes
+
+    spec = fixed_shapes(SpeculativeVLM(qwen.target, qwen.drafts["noisy"], policy="sage", compile="off"))
+    sizes = []
+    handle = qwen.target.register_forward_pre_hook(
+        lambda module, args, kwargs: sizes.append(kwargs["input_ids"].shape[1]), with_kwargs=True
+    )
+    try:
+        assert spec.warm_up(32, **qwen.cases["image"]) > 0
+    finally:
+        handle.remove()
+    assert sizes[1:] == padded_sizes(LARGEST_FORWARD) == [1, 2, 4, 8, 16, 32, 48, 64, 80]
+    assert torch.equal(spec.generate(**qwen.cases["image"], max_new_tokens=32), qwen.reference("image"))
+
+
+def test_warm_up_does_nothing_for_eager_forwards(qwen):
+    spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"], compile="off")
+    assert spec.warm_up(32, **qwen.cases["image"]) == 0.0
