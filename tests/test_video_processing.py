@@ -157,3 +157,27 @@ def test_defaults_are_the_video_processor_classes_own(kind):
 def test_a_real_processor_samples_frames_by_its_familys_rule():
     for family, config in CONFIGS.items():
         assert real_processor(family, config).frame_sampling == packed_processor(family, config).frame_sampling
+
+
+def test_a_familys_video_processing_comes_from_its_adapter(monkeypatch):
+    from vlmspec.adapters import VideoProcessing, registry
+    from vlmspec.adapters.llava_onevision import LlavaOnevisionAdapter
+    from vlmspec.processors import UniformSampling
+    from vlmspec.processors.video_config import family_for, frame_sampling_for
+
+    class NewFamilyAdapter(LlavaOnevisionAdapter):
+        model_classes = ("NewFamilyForConditionalGeneration",)
+        video_processing = VideoProcessing(
+            processor_classes=("NewFamilyProcessor",),
+            video_processor="NewFamilyVideoProcessor",
+            defaults=dict(size={"height": 224, "width": 224}, image_mean=(0.5,) * 3, image_std=(0.5,) * 3),
+            packing="pooled-frames",
+            sampling="uniform",
+        )
+
+    monkeypatch.setattr(registry, "_ADAPTERS", [NewFamilyAdapter, *registry._ADAPTERS])
+    assert family_for("NewFamilyProcessor", {}) is NewFamilyAdapter.video_processing
+    assert family_for("", {"video_processor_type": "NewFamilyVideoProcessor"}) is NewFamilyAdapter.video_processing
+    assert isinstance(frame_sampling_for("NewFamilyProcessor", {"num_frames": 6}), UniformSampling)
+    _, settings = video_settings("NewFamilyProcessor", {"num_frames": 6})
+    assert settings["size"] == {"height": 224, "width": 224} and settings["num_frames"] == 6

@@ -1,14 +1,16 @@
 """Family-specific adapters and the registry that picks one for a model."""
 
-from .base import ModelAdapter, Prefill, VisualLayout
-from .registry import adapter_class_for, adapter_for, register_adapter, supported_model_classes
+from .base import ModelAdapter, Prefill, VideoProcessing, VisualLayout
+from .registry import adapter_class_for, adapter_for, register_adapter, supported_model_classes, video_processing
 
 __all__ = [
     "ModelAdapter",
     "Prefill",
+    "VideoProcessing",
     "VisualLayout",
     "adapter_class_for",
     "adapter_for",
     "register_adapter",
     "supported_model_classes",
+    "video_processing",
 ]

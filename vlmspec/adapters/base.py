@@ -39,6 +39,30 @@ class VisualLayout:
         return self.mask.nonzero().squeeze(1)
 
 
+@dataclass(frozen=True)
+class VideoProcessing:
+    """How a family's processor turns frames into video inputs, as `transformers` 5.23's video processor class for
+    it does, so vlmspec can do the same without torchvision.
+
+    `processor_classes` are the processor classes that load the video processor class `video_processor`, whose
+    defaults are `defaults` (a checkpoint's config states only what differs). `packing` names the packer:
+    `"patches"` (Qwen-style spatio-temporal patches; `timestamps` adds per-frame time blocks) or
+    `"pooled-frames"` (frames resized to the vision tower's input and pooled, with a newline token); `sampling`
+    the frame rule: `"qwen"` (qwen-vl-utils' frame rate and bounds) or `"uniform"` (transformers' own sampler).
+    `pixel_bounds` reads the legacy `min_pixels`/`max_pixels` keys into `size`; `whole_temporal_patch` says the video
+    processor takes no clip shorter than its temporal patch (vlmspec repeats a short clip's last frame).
+    """
+
+    processor_classes: tuple[str, ...]
+    video_processor: str
+    defaults: dict[str, Any]
+    packing: str = "patches"
+    sampling: str = "qwen"
+    timestamps: bool = False
+    pixel_bounds: bool = False
+    whole_temporal_patch: bool = False
+
+
 class ModelAdapter(ABC):
     """Family-specific knowledge: prompt positions, visual token layout, pruned prefill, positioned decoding."""
 
@@ -55,6 +79,8 @@ class ModelAdapter(ABC):
     #: Config attributes (of the model's or its text config) naming the multimodal special tokens, which a target
     #: and its draft must share.
     special_token_attributes: ClassVar[tuple[str, ...]] = ("image_token_id", "video_token_id")
+    #: How the family's processor packs video (None: vlmspec cannot pack video for it without torchvision).
+    video_processing: ClassVar[VideoProcessing | None] = None
 
     def __init__(self, model: PreTrainedModel):
         self.model = model

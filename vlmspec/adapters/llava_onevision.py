@@ -6,8 +6,9 @@ import math
 from typing import Any
 
 import torch
+from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 
-from .base import ModelAdapter, VisualLayout, split_runs
+from .base import ModelAdapter, VideoProcessing, VisualLayout, split_runs
 
 
 class LlavaOnevisionAdapter(ModelAdapter):
@@ -22,6 +23,13 @@ class LlavaOnevisionAdapter(ModelAdapter):
         "pixel_values_videos",
         "image_sizes_videos",
         "batch_num_images",
+    )
+    video_processing = VideoProcessing(
+        processor_classes=("LlavaOnevisionProcessor",),
+        video_processor="LlavaOnevisionVideoProcessor",
+        defaults=dict(size={"height": 384, "width": 384}, image_mean=OPENAI_CLIP_MEAN, image_std=OPENAI_CLIP_STD),
+        packing="pooled-frames",
+        sampling="uniform",
     )
 
     def prompt_positions(self, inputs: dict[str, Any]) -> torch.Tensor:

@@ -8,6 +8,11 @@ import torch
 
 from .base import ModelAdapter, VisualLayout, split_runs
 
+#: The Qwen-VL video processors' shared defaults (transformers 5.23).
+QWEN_VIDEO_DEFAULTS: dict[str, Any] = dict(
+    temporal_patch_size=2, merge_size=2, min_frames=4, max_frames=768, cap_pixels_per_frame=None
+)
+
 
 class MRopeAdapter(ModelAdapter):
     """Positions as `generate` builds them (`get_rope_index` when `mm_token_type_ids` is given); text after the

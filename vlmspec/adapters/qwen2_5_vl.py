@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from .mrope import MRopeAdapter
+from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
+
+from .base import VideoProcessing
+from .mrope import QWEN_VIDEO_DEFAULTS, MRopeAdapter
 
 
 class Qwen2_5_VLAdapter(MRopeAdapter):
@@ -19,3 +22,15 @@ class Qwen2_5_VLAdapter(MRopeAdapter):
         "mm_token_type_ids",
     )
     rope_index_keys = ("second_per_grid_ts",)
+    video_processing = VideoProcessing(
+        processor_classes=("Qwen2VLProcessor", "Qwen2_5_VLProcessor"),
+        video_processor="Qwen2VLVideoProcessor",
+        defaults=dict(
+            QWEN_VIDEO_DEFAULTS,
+            size={"shortest_edge": 128 * 28 * 28, "longest_edge": 28 * 28 * 768},
+            image_mean=OPENAI_CLIP_MEAN,
+            image_std=OPENAI_CLIP_STD,
+            patch_size=14,
+        ),
+        pixel_bounds=True,
+    )

@@ -9,8 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from transformers.image_utils import IMAGENET_STANDARD_MEAN, IMAGENET_STANDARD_STD
 
-from .mrope import MRopeAdapter
+from .base import VideoProcessing
+from .mrope import QWEN_VIDEO_DEFAULTS, MRopeAdapter
 
 
 class Qwen3VLAdapter(MRopeAdapter):
@@ -24,6 +26,20 @@ class Qwen3VLAdapter(MRopeAdapter):
         "pixel_values_videos",
         "video_grid_thw",
         "mm_token_type_ids",
+    )
+    video_processing = VideoProcessing(
+        processor_classes=("Qwen3VLProcessor",),
+        video_processor="Qwen3VLVideoProcessor",
+        defaults=dict(
+            QWEN_VIDEO_DEFAULTS,
+            size={"shortest_edge": 128 * 32 * 32, "longest_edge": 32 * 32 * 768},
+            image_mean=IMAGENET_STANDARD_MEAN,
+            image_std=IMAGENET_STANDARD_STD,
+            patch_size=16,
+            fps=2,
+        ),
+        timestamps=True,
+        whole_temporal_patch=True,
     )
 
     def prune_language_model_inputs(self, kwargs: dict[str, Any], keep: torch.Tensor) -> dict[str, Any]:

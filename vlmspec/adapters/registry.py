@@ -5,7 +5,7 @@ from __future__ import annotations
 from transformers import PreTrainedModel
 
 from ..errors import UnsupportedModelError
-from .base import ModelAdapter
+from .base import ModelAdapter, VideoProcessing
 from .llava_onevision import LlavaOnevisionAdapter
 from .qwen2_5_vl import Qwen2_5_VLAdapter
 from .qwen3_vl import Qwen3VLAdapter
@@ -17,6 +17,11 @@ def register_adapter(adapter: type[ModelAdapter]) -> type[ModelAdapter]:
     """Add an adapter class (usable as a decorator); later registrations win over earlier ones."""
     _ADAPTERS.insert(0, adapter)
     return adapter
+
+
+def video_processing() -> list[VideoProcessing]:
+    """Every registered family's video processing, later registrations first."""
+    return [adapter.video_processing for adapter in _ADAPTERS if adapter.video_processing is not None]
 
 
 def supported_model_classes() -> list[str]:

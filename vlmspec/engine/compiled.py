@@ -5,9 +5,10 @@ Compiled, a decoding forward sees fixed shapes only: the cache is fixed (`SlabCa
 compiles once per padded size and capacity. On CUDA the graphs are also captured (`mode="reduce-overhead"`): one replay
 per forward instead of hundreds of launches. On the CPU inductor fuses the forward.
 
-`"auto"` compiles on CUDA and runs eager elsewhere: on the CPU a compiled forward of the demo target measured
-3-8 % faster than eager at 1-64 tokens but took ~11 s to compile per size, which a call of a few hundred tokens
-never earns back (docs/benchmarks.md). Quantised (bitsandbytes) and offloaded models always run eager.
+`"auto"` compiles on CUDA and runs eager elsewhere: on the CPU compiled decoding of the demo pair measured faster
+in the steady state (0.27 s against 0.34 s a call of 64 tokens), but compiling every padded size takes 20-50 s,
+which a one-off call or a short job never earns back (docs/benchmarks.md); on CUDA, where launches cost, the rule
+awaits a measurement. Quantised (bitsandbytes) and offloaded models always run eager.
 """
 
 from __future__ import annotations

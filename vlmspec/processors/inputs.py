@@ -24,7 +24,7 @@ from ..errors import MediaRejectedError, VLMSpecError
 from .frame_sampling import FrameSampling
 from .media import Video, load_video
 from .prompt import chat_messages
-from .video_config import frame_sampling_for
+from .video_config import family_for, frame_sampling_for
 
 VIDEO_CONFIG_NAME = "video_preprocessor_config.json"
 
@@ -100,7 +100,9 @@ class VisualInputs:
         if self.video_packer is not None:
             return self.video_packer.min_frames
         video_processor = getattr(self.processor, "video_processor", None)
-        if type(video_processor).__name__ == "Qwen3VLVideoProcessor":
+        config = video_processor.to_dict() if video_processor is not None else {}
+        family = family_for(type(self.processor).__name__, config)
+        if family is not None and family.whole_temporal_patch:
             return video_processor.temporal_patch_size
         return 1
 

@@ -1,72 +1,53 @@
-"""Per-family video processor settings as `transformers` 5.23 reads them, and the packer and frame rule they give.
+"""Video processor settings as `transformers` 5.23 reads them, and the packer and frame rule they give.
 
-A checkpoint's video processor config only states what differs from its class's defaults; the defaults below are
-those classes' (`Qwen2VLVideoProcessor`, `Qwen3VLVideoProcessor`, `LlavaOnevisionVideoProcessor`), so the same
-config gives the same settings with or without torchvision.
+Each family's adapter states its video processing (`ModelAdapter.video_processing`): the processor classes that
+load its video processor class, that class's defaults (a checkpoint's video processor config only states what
+differs), its packer and its frame rule; so the same config gives the same settings with or without torchvision,
+and a new family brings its own in its adapter file.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from transformers.image_utils import IMAGENET_STANDARD_MEAN, IMAGENET_STANDARD_STD, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
-
+from ..adapters import VideoProcessing, video_processing
 from .frame_sampling import EvenSampling, FrameSampling, QwenSampling, UniformSampling
 from .qwen_video import QwenVideoPatcher
 from .video_packing import LlavaOnevisionVideoPacker, QwenVideoPacker
 
-#: The video processor class each processor class loads.
-VIDEO_PROCESSOR_TYPES = {
-    "Qwen2VLProcessor": "Qwen2VLVideoProcessor",
-    "Qwen2_5_VLProcessor": "Qwen2VLVideoProcessor",
-    "Qwen3VLProcessor": "Qwen3VLVideoProcessor",
-    "LlavaOnevisionProcessor": "LlavaOnevisionVideoProcessor",
-}
-
 _COMMON = dict(rescale_factor=1 / 255, num_frames=None, fps=None)
-_QWEN = dict(temporal_patch_size=2, merge_size=2, min_frames=4, max_frames=768, cap_pixels_per_frame=None)
-_DEFAULTS = {
-    "Qwen2VLVideoProcessor": dict(
-        _QWEN,
-        size={"shortest_edge": 128 * 28 * 28, "longest_edge": 28 * 28 * 768},
-        image_mean=OPENAI_CLIP_MEAN,
-        image_std=OPENAI_CLIP_STD,
-        patch_size=14,
-    ),
-    "Qwen3VLVideoProcessor": dict(
-        _QWEN,
-        size={"shortest_edge": 128 * 32 * 32, "longest_edge": 32 * 32 * 768},
-        image_mean=IMAGENET_STANDARD_MEAN,
-        image_std=IMAGENET_STANDARD_STD,
-        patch_size=16,
-        fps=2,
-    ),
-    "LlavaOnevisionVideoProcessor": dict(
-        size={"height": 384, "width": 384}, image_mean=OPENAI_CLIP_MEAN, image_std=OPENAI_CLIP_STD
-    ),
-}
 
 
-def video_settings(processor_name: str, config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """The video processor class `config` loads as for a `processor_name` processor, and its full settings."""
-    kind = config.get("video_processor_type") or VIDEO_PROCESSOR_TYPES.get(processor_name)
-    if kind not in _DEFAULTS:
+def family_for(processor_name: str, config: dict[str, Any]) -> VideoProcessing | None:
+    """The video processing of the family whose video processor `config` loads for a `processor_name` processor."""
+    kind = config.get("video_processor_type")
+    for family in video_processing():
+        if family.video_processor == kind or (kind is None and processor_name in family.processor_classes):
+            return family
+    return None
+
+
+def video_settings(processor_name: str, config: dict[str, Any]) -> tuple[VideoProcessing, dict[str, Any]]:
+    """The video processing `config` loads as for a `processor_name` processor, and its full settings."""
+    family = family_for(processor_name, config)
+    if family is None:
+        kind = config.get("video_processor_type")
         raise ValueError(f"vlmspec has no video packing for {processor_name} (video processor {kind})")
-    settings = {**_COMMON, **_DEFAULTS[kind], **{k: v for k, v in config.items() if v is not None}}
-    if kind == "Qwen2VLVideoProcessor":
+    settings = {**_COMMON, **family.defaults, **{k: v for k, v in config.items() if v is not None}}
+    if family.pixel_bounds:
         size = dict(settings["size"])
         size["shortest_edge"] = settings.get("min_pixels", size["shortest_edge"])
         size["longest_edge"] = settings.get("max_pixels", size["longest_edge"])
         settings["size"] = size
-    return kind, settings
+    return family, settings
 
 
 def frame_sampling_for(processor_name: str, config: dict[str, Any]) -> FrameSampling:
     """The family's frame-sampling rule, with the checkpoint's own frame settings; `EvenSampling` for other models."""
-    if VIDEO_PROCESSOR_TYPES.get(processor_name) is None and "video_processor_type" not in config:
+    if family_for(processor_name, config) is None:
         return EvenSampling()
-    kind, s = video_settings(processor_name, config)
-    if kind == "LlavaOnevisionVideoProcessor":
+    family, s = video_settings(processor_name, config)
+    if family.sampling == "uniform":
         return UniformSampling(num_frames=s["num_frames"], fps=s["fps"])
     return QwenSampling(fps=s["fps"] or QwenSampling.fps, min_frames=s["min_frames"], max_frames=s["max_frames"])
 
@@ -79,10 +60,10 @@ def video_packer_for(
     """
     name = type(processor).__name__
     config = processor.image_processor.to_dict() if video_config is None else video_config
-    kind, s = video_settings(name, config)
+    family, s = video_settings(name, config)
     mean, std, rescale = tuple(s["image_mean"]), tuple(s["image_std"]), s["rescale_factor"]
     sampling = frame_sampling_for(name, config)
-    if kind == "LlavaOnevisionVideoProcessor":
+    if family.packing == "pooled-frames":
         size = (s["size"]["height"], s["size"]["width"])
         return LlavaOnevisionVideoPacker(size, mean, std, processor.num_image_tokens, sampling, rescale)
     patcher = QwenVideoPatcher(
@@ -97,4 +78,4 @@ def video_packer_for(
         cap_pixels_per_frame=bool(s["cap_pixels_per_frame"]),
         max_video_tokens=s.get("max_video_tokens"),
     )
-    return QwenVideoPacker(patcher, timestamps=kind == "Qwen3VLVideoProcessor", sampling=sampling)
+    return QwenVideoPacker(patcher, timestamps=family.timestamps, sampling=sampling)
