@@ -7,7 +7,7 @@ import torch
 from conftest import DEVICE
 
 from vlmspec.adapters import adapter_for
-from vlmspec.attention import TREE_IMPLEMENTATIONS, tree_attention, tree_block_attention
+from vlmspec.attention import TREE_IMPLEMENTATIONS, grouped_attention, tree_attention, tree_block_attention
 from vlmspec.engine.runner import ModelRunner
 from vlmspec.engine.tree import additive_mask
 
@@ -35,6 +35,14 @@ def reference(query, key, value, visible, scale):
 def test_tree_block_attention_equals_sdpa_with_a_full_width_mask(heads, kv_heads, length):
     query, key, value, visible = made_up(heads, kv_heads, q=9, length=length)
     out = tree_block_attention(query, key, value, additive_mask(visible, torch.float32), scale=0.25)
+    torch.testing.assert_close(out, reference(query, key, value, visible, 0.25), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("heads, kv_heads", [(4, 4), (4, 2), (6, 1)])
+def test_grouped_attention_over_a_full_width_mask_equals_sdpa_with_repeated_keys(heads, kv_heads):
+    query, key, value, visible = made_up(heads, kv_heads, q=9, length=300)
+    full = additive_mask(visible, torch.float32, prefix_len=291)
+    out = grouped_attention(query, key, value, full, scale=0.25)
     torch.testing.assert_close(out, reference(query, key, value, visible, 0.25), rtol=1e-5, atol=1e-5)
 
 

@@ -5,9 +5,10 @@ So the mask the engine passes covers only that block, `(1, 1, q, k)` additive ov
 prefix needs none: it runs unmasked on the backend's fused kernel (which also returns its log-sum-exp), the block
 runs as a small masked product, and the two merge by log-sum-exp. Grouped-query heads are folded into the query
 length (the `g` query heads of one key/value head become `g x q` rows over that head), so no key or value is
-copied per query head. Forwards without such a block (prompts, or a full-width mask) go to the model's own
-implementation unchanged, which also hands its queries and keys to an `observing` callback (the verifier's
-scores for pruning come from here).
+copied per query head. Fixed-shape forwards (compiled ones) attend over the cache's whole capacity through a mask
+as wide, with the same folding (`grouped_attention`). Prompts (as many queries as keys) go to the model's own
+implementation unchanged, which also hands their queries and keys to an `observing` callback (the verifier's scores
+for pruning come from here).
 """
 
 from __future__ import annotations
@@ -106,6 +107,21 @@ def tree_block_attention(
     return out.to(query.dtype).view(batch, heads, q, dim).transpose(1, 2).contiguous()
 
 
+def grouped_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Attention `(B, q, heads, D)` through an additive `mask` `(1|B, 1, q, L)` over all L keys, with the query heads
+    of each key/value head folded into the query length: the mask is repeated per head group, the keys and values
+    are not (for the fixed-shape forwards, whose mask spans the cache's capacity)."""
+    batch, heads, q, dim = query.shape
+    kv_heads, length = key.shape[1], key.shape[2]
+    groups = heads // kv_heads
+    folded = query.reshape(batch, kv_heads, groups * q, dim)
+    tiled = mask[:, :, None].expand(mask.shape[0], 1, groups, q, length).reshape(mask.shape[0], 1, groups * q, length)
+    out = torch.nn.functional.scaled_dot_product_attention(folded, key, value, attn_mask=tiled, scale=scale)
+    return out.view(batch, heads, q, dim).transpose(1, 2).contiguous()
+
+
 def _tree_attention(base: str) -> Callable:
     """The attention function registered for models loaded with `base` (`"sdpa"` or `"eager"`)."""
 
@@ -119,9 +135,11 @@ def _tree_attention(base: str) -> Callable:
         dropout: float = 0.0,
         **kwargs,
     ) -> tuple[torch.Tensor, None]:
-        if attention_mask is not None and attention_mask.shape[-1] < key.shape[2]:
+        if attention_mask is not None and query.shape[2] < key.shape[2]:
             scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-            return tree_block_attention(query, key, value, attention_mask, scale), None
+            if attention_mask.shape[-1] < key.shape[2]:
+                return tree_block_attention(query, key, value, attention_mask, scale), None
+            return grouped_attention(query, key, value, attention_mask, scale), None
         observer = _observer.get()
         if observer is not None:
             observer(module, query, key)

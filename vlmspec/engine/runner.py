@@ -95,7 +95,8 @@ class ModelRunner:
             tokens = torch.cat([tokens, tokens.new_zeros(size - count)])
             positions = torch.cat([positions, positions[-1:].expand(size - count)])
         mask = fixed_mask(bias, cache.length + count, size, cache.capacity)
-        logits = self.adapter.decode(tokens, positions, mask, cache, self.compiled)[:count]
+        with tree_attention(self.adapter.language_model.config):
+            logits = self.adapter.decode(tokens, positions, mask, cache, self.compiled)[:count]
         cache.advance(count)
         # A CUDA graph's outputs live in its memory pool, which its next replay overwrites.
         return logits.clone() if logits.device.type == "cuda" else logits.to(self.device)
