@@ -105,10 +105,10 @@ class SlabCache(Cache):
         """Layer `index`'s full-capacity keys and values, allocating or growing its device's slab to hold `end`."""
         device = self.layer_devices[index]
         slab = self._slabs.get(device)
-        if slab is None or end > slab.shape[3] or not _holds(slab, like):
-            self._slabs[device] = slab = self._allocate(
-                device, like, end, slab if slab is not None and _holds(slab, like) else None
-            )
+        if slab is not None and not _holds(slab, like):
+            slab = None
+        if slab is None or end > slab.shape[3]:
+            self._slabs[device] = slab = self._allocate(device, like, end, slab)
             self._cursors.pop(device, None)
         place = 2 * self._place[index]
         return slab[place], slab[place + 1]
@@ -134,7 +134,6 @@ class SlabCache(Cache):
     def fix(self) -> None:
         """Switch to fixed-shape writes (after the prompt): whole slabs out, a cursor on each device in."""
         self.fixed = True
-        self.reserve(self.length)
         for device in self._slabs:
             self._bind(device)
 
