@@ -45,6 +45,18 @@ def observing(observer: Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], 
         _observer.reset(token)
 
 
+def fold_heads(query: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """`query` `(B, heads, q, D)` as `(B, kv heads, heads / kv heads x q, D)`: the query heads that share a key/value
+    head (in transformers' `repeat_kv` order) become rows over it, so attending copies no key or value per head."""
+    batch, heads, q, dim = query.shape
+    return query.reshape(batch, kv_heads, heads // kv_heads * q, dim)
+
+
+def _unfold(out: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+    """A folded attention output in the layout attention functions return, `(B, q, heads, D)`, in `query`'s dtype."""
+    return out.to(query.dtype).view(query.shape).transpose(1, 2).contiguous()
+
+
 def _eager_forward(module: torch.nn.Module) -> Callable:
     """The eager attention function of the module's own modeling file (each family defines its own)."""
     return sys.modules[type(module).__module__].eager_attention_forward
@@ -72,8 +84,7 @@ def _fused_with_lse(
         return out, lse
     kernel = _cuda_kernel(query.device, query.dtype, query.shape[-1]) if query.device.type == "cuda" else None
     if kernel == "flash":
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention(query, key, value, scale=scale)[:2]
-        return out, lse
+        return torch.ops.aten._scaled_dot_product_flash_attention(query, key, value, scale=scale)[:2]
     if kernel == "efficient":
         out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(query, key, value, None, True, scale=scale)[
             :2
@@ -89,10 +100,10 @@ def tree_block_attention(
 ) -> torch.Tensor:
     """Attention `(B, q, heads, D)` of `query (B, heads, q, D)` over `key`/`value (B, kv heads, L, D)`: every query
     sees the first `L - k` keys, and of the last k those `block` `(1|B, 1, q, k)` (additive) lets through."""
-    batch, heads, q, dim = query.shape
+    batch, heads, q, _ = query.shape
     kv_heads, length, width = key.shape[1], key.shape[2], block.shape[-1]
     groups = heads // kv_heads
-    folded = query.reshape(batch, kv_heads, groups * q, dim)
+    folded = fold_heads(query, kv_heads)
     tree_keys, tree_values = key[:, :, length - width :], value[:, :, length - width :]
     scores = (folded @ tree_keys.transpose(-1, -2)).float().mul_(scale).view(batch, kv_heads, groups, q, width)
     scores = scores.add_(block.float()[:, :, None]).view(batch, kv_heads, groups * q, width)
@@ -104,7 +115,7 @@ def tree_block_attention(
         out = out.addcmul_(prefix.float(), (prefix_lse - total).exp_()[..., None])
     else:
         out = (scores - lse[..., None]).exp_() @ tree_values.float()
-    return out.to(query.dtype).view(batch, heads, q, dim).transpose(1, 2).contiguous()
+    return _unfold(out, query)
 
 
 def grouped_attention(
@@ -113,13 +124,14 @@ def grouped_attention(
     """Attention `(B, q, heads, D)` through an additive `mask` `(1|B, 1, q, L)` over all L keys, with the query heads
     of each key/value head folded into the query length: the mask is repeated per head group, the keys and values
     are not (for the fixed-shape forwards, whose mask spans the cache's capacity)."""
-    batch, heads, q, dim = query.shape
+    heads, q = query.shape[1], query.shape[2]
     kv_heads, length = key.shape[1], key.shape[2]
     groups = heads // kv_heads
-    folded = query.reshape(batch, kv_heads, groups * q, dim)
     tiled = mask[:, :, None].expand(mask.shape[0], 1, groups, q, length).reshape(mask.shape[0], 1, groups * q, length)
-    out = torch.nn.functional.scaled_dot_product_attention(folded, key, value, attn_mask=tiled, scale=scale)
-    return out.view(batch, heads, q, dim).transpose(1, 2).contiguous()
+    out = torch.nn.functional.scaled_dot_product_attention(
+        fold_heads(query, kv_heads), key, value, attn_mask=tiled, scale=scale
+    )
+    return _unfold(out, query)
 
 
 def _tree_attention(base: str) -> Callable:

@@ -10,7 +10,7 @@ from transformers import GenerationConfig, PreTrainedModel
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .adapters import adapter_for
-from .engine.compiled import LARGEST_FORWARD, compiled_forward, resolve_compile
+from .engine.compiled import LARGEST_FORWARD, compiled_forward
 from .engine.loop import SpeculativeDecoder
 from .engine.runner import ModelRunner
 from .engine.stats import SpecStats
@@ -79,7 +79,6 @@ class SpeculativeVLM:
         compile: str | bool = "auto",
     ):
         target_adapter, draft_adapter = adapter_for(target), adapter_for(draft)
-        resolve_compile(compile)
         check_model_attention(target, "target")
         check_model_attention(draft, "draft")
         self.target = target

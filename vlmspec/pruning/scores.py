@@ -15,7 +15,7 @@ from contextlib import ExitStack
 import torch
 
 from ..adapters import ModelAdapter, VisualLayout
-from ..attention import observing, tree_attention
+from ..attention import fold_heads, observing, tree_attention
 
 
 class VerifierScores:
@@ -55,7 +55,7 @@ class VerifierScores:
         started = time.perf_counter()
         rows = self.rows.to(query.device)
         kv_heads, length, dim = key.shape[1], key.shape[2], key.shape[3]
-        q = query[:1, :, rows].reshape(1, kv_heads, -1, dim)
+        q = fold_heads(query[:1, :, rows], kv_heads)
         logits = (q @ key[:1].transpose(-1, -2)).float() * getattr(module, "scaling", dim**-0.5)
         future = torch.arange(length, device=key.device)[None, :] > rows[:, None]
         logits = logits.view(kv_heads, -1, rows.shape[0], length).masked_fill_(future, float("-inf"))
