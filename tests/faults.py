@@ -19,7 +19,7 @@ from collections.abc import Callable
 import vlmspec.api
 from vlmspec import captioning
 from vlmspec.cli import main
-from vlmspec.speculative import SpeculativeVLM
+from vlmspec.engine.loop import SpeculativeDecoder
 
 
 def die() -> None:
@@ -84,23 +84,23 @@ def after_record(k: int) -> None:
 
 
 def generating(k: int) -> None:
-    """Inside the k-th `SpeculativeVLM.generate`: at the target's second forward pass (the first verification after
-    the prefill), or at the end of the call should it need no second one; the input is never recorded."""
-    generate, now = SpeculativeVLM.generate, Countdown(k)
+    """While the k-th input to reach the model decodes: at the target's second forward pass from its prefill on (its
+    first verification, a decoding step it takes part in, or the prefill of the input admitted after it); the input
+    is never recorded. One input at a time or many, every input's prefill runs `SpeculativeDecoder.prefill_target`."""
+    prefill, now = SpeculativeDecoder.prefill_target, Countdown(k)
 
-    def generate_and_die(self, *args, **kwargs):
-        if not now():
-            return generate(self, *args, **kwargs)
-        passes = Countdown(2)
-        self.target.get_input_embeddings().register_forward_pre_hook(lambda module, inputs: die() if passes() else None)
-        generate(self, *args, **kwargs)
-        die()
+    def prefill_and_die(self, *args, **kwargs):
+        if now():
+            passes = Countdown(2)
+            embeddings = self.target.adapter.model.get_input_embeddings()
+            embeddings.register_forward_pre_hook(lambda module, inputs: die() if passes() else None)
+        return prefill(self, *args, **kwargs)
 
-    SpeculativeVLM.generate = generate_and_die
+    SpeculativeDecoder.prefill_target = prefill_and_die
 
 
 def decoding(k: int) -> None:
-    """As the k-th input starts decoding: in the prefetch thread, while the input before it generates."""
+    """As the k-th input starts decoding: on a thread that reads media ahead, while the inputs before it generate."""
     load, now = captioning._load, Countdown(k)
 
     def load_or_die(*args, **kwargs):

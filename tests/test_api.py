@@ -9,7 +9,6 @@ import torch
 from transformers import GenerationConfig, TextIteratorStreamer, TextStreamer
 
 from vlmspec import (
-    BatchSizeError,
     ChainPolicy,
     SageConfig,
     SpeculativeVLM,
@@ -75,17 +74,18 @@ def test_stats_describe_the_call(target, drafts, cases):
     assert sum(s.accepted + 1 for s in stats.steps) + 1 >= stats.new_tokens
 
 
-def test_a_batch_of_two_is_refused_clearly(target, cases):
+def test_a_batch_without_a_mask_decodes_every_row_as_generate(target, drafts, cases):
     ids = cases["text"]["input_ids"].repeat(2, 1)
-    with pytest.raises(BatchSizeError, match="one sequence"):
-        SpeculativeVLM(target, target).generate(input_ids=ids, max_new_tokens=4)
+    out = SpeculativeVLM(target, drafts["noisy"]).generate(input_ids=ids, do_sample=False, max_new_tokens=6)
+    assert torch.equal(out, target.generate(input_ids=ids, do_sample=False, max_new_tokens=6))
 
 
-def test_padded_inputs_are_refused_clearly(target, cases):
-    mask = cases["text"]["attention_mask"].clone()
-    mask[0, 0] = 0
-    with pytest.raises(BatchSizeError, match="padding"):
-        SpeculativeVLM(target, target).generate(input_ids=cases["text"]["input_ids"], attention_mask=mask)
+def test_a_right_padded_batch_is_refused_clearly(target, cases):
+    ids = cases["text"]["input_ids"].repeat(2, 1)
+    mask = torch.ones_like(ids)
+    mask[1, -1] = 0
+    with pytest.raises(ValueError, match="left-padded"):
+        SpeculativeVLM(target, target).generate(input_ids=ids, attention_mask=mask, max_new_tokens=4)
 
 
 def test_unknown_generate_arguments_are_refused(target, cases):

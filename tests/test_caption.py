@@ -1,5 +1,6 @@
 """Batch captioning: the JSON-lines contract, input errors recorded, model errors stopping the job, resuming and
-retrying, hard kills and sharding under accelerate."""
+retrying, hard kills and sharding under accelerate, and inputs decoded together (the same captions at any batch
+size)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,11 +19,22 @@ import torch
 from conftest import DEVICE, FAMILIES, device_flags, device_map, save_pair
 from media_files import write_image, write_video
 
-from vlmspec import SpeculativeVLM
+from vlmspec import captioning
 from vlmspec.api import load_pair
-from vlmspec.captioning import CaptioningStopped, CaptionSettings, discover_inputs, read_records, run_captioning
-from vlmspec.cli import EXIT_CONFIGURATION, EXIT_ERROR, main
+from vlmspec.captioning import (
+    DEFAULT_CAPTION_BATCH_SIZE,
+    DEFAULT_PROMPTS,
+    CaptioningStopped,
+    CaptionSettings,
+    discover_inputs,
+    read_records,
+    run_captioning,
+)
+from vlmspec.cli import CAPTION_BATCH_SIZE, EXIT_CONFIGURATION, EXIT_ERROR, build_parser, main
+from vlmspec.engine.budget import KVBudget
+from vlmspec.errors import InvalidArgumentError
 from vlmspec.output_lock import OutputLock
+from vlmspec.processors import load_image, load_video
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 if DEVICE.type == "cpu":
@@ -77,13 +91,24 @@ def lines(*records: dict) -> str:
     return "".join(json.dumps(r) + "\n" for r in records)
 
 
-class OutOfMemoryOnVideos(SpeculativeVLM):
-    """The real pair, except that generating for a video runs out of memory, as a long video can on a GPU."""
+def by_name(records: list[dict]) -> dict[str, dict]:
+    """Records by their input's file name (inputs decoded together finish, and are recorded, in any order)."""
+    return {Path(r["path"]).name: r for r in records}
 
-    def generate(self, input_ids=None, generation_config=None, streamer=None, **kwargs):
+
+@contextmanager
+def out_of_memory_on_videos(spec):
+    """The real pair, except that the target's forward over a video runs out of memory, as a long video can on a GPU."""
+
+    def refuse(module, args, kwargs):
         if kwargs.get("pixel_values_videos") is not None:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
-        return super().generate(input_ids, generation_config, streamer, **kwargs)
+
+    hook = spec.target.register_forward_pre_hook(refuse, with_kwargs=True)
+    try:
+        yield spec
+    finally:
+        hook.remove()
 
 
 def test_inputs_are_files_folders_and_lists(collection):
@@ -94,11 +119,11 @@ def test_inputs_are_files_folders_and_lists(collection):
 def test_one_record_per_input_with_an_error_record_for_the_corrupt_file(pair, collection, tmp_path, capsys):
     out = tmp_path / "captions.jsonl"
     code, printed, _ = caption(capsys, pair, collection, out)
-    records = read_records(out)
-    assert code == EXIT_ERROR and [Path(r["path"]).name for r in records] == NAMES
-    broken = records[1]
+    records = by_name(read_records(out))
+    assert code == EXIT_ERROR and len(read_records(out)) == len(records) and sorted(records) == sorted(NAMES)
+    broken = records.pop("c_broken.mp4")
     assert broken["error_type"] == "UnreadableVideoError" and "c_broken.mp4" in broken["error"]
-    for record in records[:1] + records[2:]:
+    for record in records.values():
         assert set(record) == {"path", "caption", "new_tokens", "tau", "seconds"}
         assert 0 < record["new_tokens"] <= 12
     assert "4 captioned, 1 errors" in printed
@@ -112,24 +137,32 @@ def test_a_file_the_processor_rejects_is_recorded_and_the_run_carries_on(pair, t
     out = tmp_path / "captions.jsonl"
     spec = load_pair(*pair, device_map=device_map())
     run_captioning(lambda state: spec, [str(folder)], out, SETTINGS, progress=False)
-    thin, fine = read_records(out)
+    thin, fine = sorted(read_records(out), key=lambda r: r["path"])
     assert thin["error_type"] == "MediaRejectedError" and "aspect ratio" in thin["error"]
     assert thin["path"] in thin["error"]
     assert Path(fine["path"]).name == "b.png" and fine["new_tokens"] > 0
 
 
-def test_a_model_error_stops_the_job_keeping_the_records_and_a_resume_retries_that_input(pair, collection, tmp_path):
+@pytest.mark.parametrize("batch_size", [1, 4])
+def test_a_model_error_stops_the_job_keeping_the_records_and_a_resume_retries_that_input(
+    pair, collection, tmp_path, batch_size
+):
+    """At batch size 1 the inputs before the video are recorded; at 4 the image decoding beside it is left
+    unrecorded with it, and the resume captions both."""
     out = tmp_path / "captions.jsonl"
     spec = load_pair(*pair, device_map=device_map())
-    failing = OutOfMemoryOnVideos(spec.target, spec.draft, vocab_size=spec.vocab_size, processor=spec.processor)
-    with pytest.raises(CaptioningStopped) as stopped:
-        run_captioning(lambda state: failing, collection, out, SETTINGS, progress=False)
+    settings = replace(SETTINGS, batch_size=batch_size)
+    with out_of_memory_on_videos(spec), pytest.raises(CaptioningStopped) as stopped:
+        run_captioning(lambda state: spec, collection, out, settings, progress=False)
     assert Path(stopped.value.path).name == "b.mp4" and not stopped.value.configuration
     assert isinstance(stopped.value.error, torch.OutOfMemoryError)
-    assert [Path(r["path"]).name for r in read_records(out)] == ["a.png", "c_broken.mp4"]
-    summary = run_captioning(lambda state: spec, collection, out, SETTINGS, resume=True, progress=False)
-    assert [Path(r["path"]).name for r in read_records(out)] == NAMES
-    assert (summary.captioned, summary.errors, summary.skipped) == (3, 0, 2)
+    unrecorded = ["b.mp4"] if batch_size == 1 else ["b.mp4", "a.png"]
+    assert [Path(p).name for p in stopped.value.unrecorded] == unrecorded
+    recorded = ["a.png", "c_broken.mp4"] if batch_size == 1 else ["c_broken.mp4"]
+    assert [Path(r["path"]).name for r in read_records(out)] == recorded
+    summary = run_captioning(lambda state: spec, collection, out, settings, resume=True, progress=False)
+    assert sorted(Path(r["path"]).name for r in read_records(out)) == sorted(NAMES)
+    assert (summary.captioned, summary.errors, summary.skipped) == (5 - len(recorded), 0, len(recorded))
 
 
 def test_a_run_with_no_failed_input_exits_0(pair, tmp_path, capsys):
@@ -294,3 +327,134 @@ def test_a_locked_output_stops_every_process_of_a_sharded_run(pair, collection, 
     assert result.returncode != 0
     assert result.stderr.count("is being written by another caption run") == 2
     assert not out.exists() and not list(tmp_path.glob("captions.jsonl.part*"))
+
+
+def greedy_captions(spec, out: Path, paths: list[str], batch_size: int, **settings) -> dict[str, str]:
+    """Captions of `paths` by path, at `batch_size`."""
+    settings = CaptionSettings(num_frames=4, max_new_tokens=10, batch_size=batch_size, **settings)
+    run_captioning(lambda state: spec, paths, out, settings, progress=False)
+    records = read_records(out)
+    assert len(records) == len(paths) and all("caption" in r for r in records)
+    return {r["path"]: r["caption"] for r in records}
+
+
+@pytest.fixture
+def mixed(tmp_path) -> list[str]:
+    """Images of different sizes (prompts of different lengths) and two videos."""
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    sizes = [(60, 80), (32, 32), (96, 64), (48, 48), (64, 112)]
+    paths = [str(write_image(folder / f"img{i}.png", size=size, seed=i)) for i, size in enumerate(sizes)]
+    paths += [str(write_video(folder / f"clip{i}.mp4", num_frames=8 + 4 * i, size=(48, 64))) for i in range(2)]
+    return paths
+
+
+def test_captions_at_batch_size_4_are_those_at_batch_size_1_and_the_targets_own(pair, mixed, tmp_path):
+    spec = load_pair(*pair, device_map=device_map())
+    greedy = {"generation": {"do_sample": False}}
+    alone = greedy_captions(spec, tmp_path / "one.jsonl", mixed, 1, **greedy)
+    together = greedy_captions(spec, tmp_path / "four.jsonl", mixed, 4, **greedy)
+    assert together == alone
+    processor = spec.processor
+    for path in mixed:
+        image = path.endswith(".png")
+        media = ([load_image(path)], []) if image else ([], [load_video(path, num_frames=4)])
+        prompt = DEFAULT_PROMPTS["image" if image else "video"]
+        inputs = {k: v.to(DEVICE) for k, v in processor.prompt_inputs(prompt, *media, [path]).items()}
+        ids = spec.target.generate(**inputs, do_sample=False, max_new_tokens=10)
+        length = inputs["input_ids"].shape[1]
+        assert alone[path] == processor.tokenizer.decode(ids[0, length:], skip_special_tokens=True), path
+
+
+def test_seeded_sampling_writes_the_same_captions_at_batch_size_4_as_at_1(pair, mixed, tmp_path):
+    spec = load_pair(*pair, device_map=device_map())
+    sampled = {"generation": {"do_sample": True, "temperature": 1.5}, "seed": 7}
+    alone = greedy_captions(spec, tmp_path / "one.jsonl", mixed, 1, **sampled)
+    assert greedy_captions(spec, tmp_path / "four.jsonl", mixed, 4, **sampled) == alone
+    assert alone != greedy_captions(spec, tmp_path / "greedy.jsonl", mixed, 1, generation={"do_sample": False})
+
+
+def test_every_input_is_recorded_once_at_batch_size_3_among_good_and_bad_inputs(pair, collection, tmp_path, capsys):
+    """The collection, plus a missing file and an image the processor refuses, listed among the good ones."""
+    thin = write_image(tmp_path / "thin.png", size=(2, 500))
+    more = [str(write_image(tmp_path / f"more{i}.png", seed=10 + i)) for i in range(3)]
+    listing = tmp_path / "others.txt"
+    listing.write_text("\n".join([more[0], str(tmp_path / "missing.png"), more[1], str(thin), more[2]]) + "\n")
+    out = tmp_path / "captions.jsonl"
+    code, printed, _ = caption(capsys, pair, [*collection, str(listing)], out, "--batch-size", "3", max_new_tokens=8)
+    records = read_records(out)
+    paths = [r["path"] for r in records]
+    assert len(paths) == len(set(paths)) == 10 and set(paths) == set(discover_inputs([*collection, str(listing)]))
+    errors = {Path(r["path"]).name: r["error_type"] for r in records if "error" in r}
+    assert errors == {
+        "c_broken.mp4": "UnreadableVideoError",
+        "missing.png": "MediaNotFoundError",
+        "thin.png": "MediaRejectedError",
+    }
+    assert code == EXIT_ERROR and "7 captioned, 3 errors" in printed
+
+
+def test_an_input_too_large_for_the_memory_budget_is_recorded_and_the_job_goes_on(pair, tmp_path, capsys):
+    """The budget holds a small image's KV cache but not a long video's."""
+    folder = tmp_path / "media"
+    folder.mkdir()
+    write_image(folder / "a.png", size=(32, 32), seed=0)
+    write_video(folder / "b_long.mp4", num_frames=24, size=(96, 128))
+    write_image(folder / "c.png", size=(32, 32), seed=1)
+    spec = load_pair(*pair, device_map=device_map())
+    image = spec.processor.prompt_inputs(DEFAULT_PROMPTS["image"], [load_image(folder / "a.png")], [])
+    budget = KVBudget(1.0, spec.target, spec.draft)
+    gigabytes = 1.5 * budget.need(image["input_ids"].shape[1] + 8) / 1e9
+    out = tmp_path / "captions.jsonl"
+    code, printed, _ = caption(
+        capsys, pair, [str(folder)], out, "--kv-budget-gb", f"{gigabytes:.9f}", "--num-frames", "16", max_new_tokens=8
+    )
+    records = by_name(read_records(out))
+    assert sorted(records) == ["a.png", "b_long.mp4", "c.png"]
+    video = records["b_long.mp4"]
+    assert video["error_type"] == "MemoryBudgetError" and "--kv-budget-gb" in video["error"]
+    assert video["path"] in video["error"]
+    assert records["a.png"]["new_tokens"] > 0 and records["c.png"]["new_tokens"] > 0
+    assert code == EXIT_ERROR and "2 captioned, 1 errors" in printed
+
+
+@pytest.mark.parametrize(
+    "flags", [["--batch-size", "0"], ["--batch-size", "2.5"], ["--kv-budget-gb", "0"], ["--kv-budget-gb", "nan"]]
+)
+def test_a_batch_size_or_memory_budget_out_of_range_is_refused_naming_the_flag(tmp_path, flags, capsys):
+    code, _, err = caption(capsys, ("target", "draft"), [str(tmp_path)], tmp_path / "captions.jsonl", *flags)
+    assert code == EXIT_CONFIGURATION and f"argument {flags[0]}: " in err
+
+
+@pytest.mark.parametrize(("name", "value"), [("batch_size", 0), ("batch_size", True), ("kv_budget_gb", -1.0)])
+def test_caption_settings_out_of_range_are_refused_before_any_model_loads(tmp_path, name, value):
+    def no_model(state):
+        raise AssertionError("the pair was loaded")
+
+    settings = replace(SETTINGS, **{name: value})
+    with pytest.raises(InvalidArgumentError, match=name):
+        run_captioning(no_model, [str(tmp_path)], tmp_path / "captions.jsonl", settings, progress=False)
+
+
+def test_the_command_lines_default_batch_size_is_the_librarys():
+    args = build_parser().parse_args(["caption", "media", "--out", "captions.jsonl"])
+    assert args.batch_size == CAPTION_BATCH_SIZE == DEFAULT_CAPTION_BATCH_SIZE and args.kv_budget_gb is None
+
+
+def test_an_error_reading_an_input_that_is_not_the_inputs_fault_stops_the_job_at_it(
+    pair, collection, tmp_path, monkeypatch
+):
+    load = captioning._load
+
+    def failing(path, *args):
+        if path.endswith("d.jpg"):
+            raise RuntimeError("the decoder crashed")
+        return load(path, *args)
+
+    monkeypatch.setattr(captioning, "_load", failing)
+    out = tmp_path / "captions.jsonl"
+    spec = load_pair(*pair, device_map=device_map())
+    with pytest.raises(CaptioningStopped) as stopped:
+        run_captioning(lambda state: spec, collection, out, replace(SETTINGS, batch_size=4), progress=False)
+    assert Path(stopped.value.path).name == "d.jpg" and isinstance(stopped.value.error, RuntimeError)
+    assert "d.jpg" not in {Path(r["path"]).name for r in read_records(out)}

@@ -1,7 +1,7 @@
 """Hard kills of a caption run at every moment of its life, one after another on the same output, each followed by
 `--resume`: the output never keeps a torn line, no input is recorded twice or lost, and the run that finally finishes
-leaves one record per input in input order, an error record for each broken file, and nothing beside the output but
-its lock file.
+leaves one record per input (in input order at batch size 1 and after a sharded run's merge), an error record for
+each broken file, and nothing beside the output but its lock file.
 
 Each kill is a real SIGKILL that the process sends itself (`tests/faults.py` installs it at the chosen moment), so
 nothing of vlmspec's own runs after it: no `finally`, no handler, no buffered write.
@@ -21,7 +21,7 @@ import pytest
 from conftest import FAMILIES, save_pair
 from media_files import write_image, write_video
 
-from vlmspec.captioning import read_records
+from vlmspec.captioning import DEFAULT_CAPTION_BATCH_SIZE, read_records
 from vlmspec.cli import EXIT_ERROR, main
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -132,12 +132,15 @@ def recorded_once(out: Path, inputs: list[str]) -> list[str]:
     return paths
 
 
-def assert_finished(out: Path, media: Path) -> None:
-    """One record per input in input order: an error record for each broken file, a caption for every other; and
-    beside the output nothing but its lock file (no shard, no temporary file)."""
+def assert_finished(out: Path, media: Path, ordered: bool = True) -> None:
+    """One record per input, in input order if `ordered` (else in the order inputs finished): an error record for each
+    broken file, a caption for every other; and beside the output nothing but its lock file (no shard, no temporary
+    file)."""
     inputs = sorted(str(p) for p in media.iterdir())
     records = complete_records(out)
     assert not torn(out)
+    if not ordered:
+        records = sorted(records, key=lambda r: r["path"])
     assert [r["path"] for r in records] == inputs
     for record, kind in zip(records, LAYOUT, strict=True):
         if kind == BROKEN:
@@ -147,24 +150,30 @@ def assert_finished(out: Path, media: Path) -> None:
     assert sorted(p.name for p in out.parent.iterdir()) == [out.name, f"{out.name}.lock"]
 
 
-#: The kills of a single-process run, in sequence: (moment, k); each run but the first resumes.
-SINGLE_PROCESS_KILLS = [
-    ("load", 1),
-    ("mid-record", 3),
-    ("resuming", 1),
-    ("after-record", 3),
-    ("generating", 2),
-    ("decoding", 3),
-]
+def single_process_kills(batch_size: int) -> list[tuple[str, int]]:
+    """The kills of a single-process run, in sequence: (moment, k); each run but the first resumes. Each run killed
+    while generating or decoding has recorded inputs by then: the (batch size + 1)-th input reaches the model once
+    one before it has finished, and `batch_size + 2` inputs are read ahead of those in flight (an input read and
+    found broken takes no place in the batch)."""
+    return [
+        ("load", 1),
+        ("mid-record", 3),
+        ("resuming", 1),
+        ("after-record", 3),
+        ("generating", batch_size + 1),
+        ("decoding", 2 * batch_size + 6),
+    ]
 
 
-def test_a_run_killed_at_every_moment_and_resumed_each_time_records_every_input_once(pair, media, out):
+@pytest.mark.parametrize("batch_size", [1, 8])
+def test_a_run_killed_at_every_moment_and_resumed_each_time_records_every_input_once(pair, media, out, batch_size):
     inputs = sorted(str(p) for p in media.iterdir())
     torn_before = None
-    for i, (moment, k) in enumerate(SINGLE_PROCESS_KILLS):
+    batch = ["--batch-size", str(batch_size)]
+    for i, (moment, k) in enumerate(single_process_kills(batch_size)):
         before = out.read_bytes() if out.exists() else b""
         resume = ["--resume"] if i else []
-        killed = run(FAULTS + [moment, str(k)] + caption_args(pair, media, out, *resume))
+        killed = run(FAULTS + [moment, str(k)] + caption_args(pair, media, out, *resume, *batch))
         assert killed.returncode == -signal.SIGKILL, f"{moment}: not killed\n{killed.stderr[-3000:]}"
         after = out.read_bytes() if out.exists() else b""
         written = recorded_once(out, inputs)
@@ -186,14 +195,15 @@ def test_a_run_killed_at_every_moment_and_resumed_each_time_records_every_input_
             assert torn(out), "the resume preparation was killed before it could cut the torn line"
     assert torn_before is None
     assert 0 < len(written) < len(inputs), "the kills left nothing for the last run to do"
-    final = run(CLI + caption_args(pair, media, out, "--resume"))
+    final = run(CLI + caption_args(pair, media, out, "--resume", *batch))
     assert "done:" in final.stdout, final.stderr[-3000:]
-    assert_finished(out, media)
+    assert_finished(out, media, ordered=batch_size == 1)
     code = final.returncode
     assert code == EXIT_ERROR, f"exit {code}, though the output records errors for the broken files"
 
 
-#: The kills of a run of two processes, in sequence: (moment, k, the rank killed); each run but the first resumes.
+#: The kills of a run of two processes (each decoding `DEFAULT_CAPTION_BATCH_SIZE` inputs at once), in sequence:
+#: (moment, k, the rank killed); each run but the first resumes.
 SHARDED_KILLS = [
     ("load", 1, 1),
     ("mid-record", 2, 0),

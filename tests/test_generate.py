@@ -117,3 +117,25 @@ def test_generate_matches_the_wrapper_on_the_same_inputs(pair_dirs, media):
     )
     assert text == spec.processor.tokenizer.decode(ids[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
     assert torch.is_tensor(ids)
+
+
+def test_a_list_of_prompts_decoded_three_at_a_time_gives_each_prompts_own_text(pair_dirs, media):
+    """Five prompts of different lengths and media (an image, a video, none), in batches of three."""
+    prompts = ["Describe the image in detail.", "What happens?", "What is shown here?", "Describe.", "Colours?"]
+    images = [media["image"], None, None, media["image"], None]
+    videos = [None, media["video"], None, None, media["video"]]
+    kwargs = dict(model=pair_dirs[0], draft=pair_dirs[1], max_new_tokens=12, num_frames=4)
+    texts, stats = vlmspec.generate(prompts, images=images, videos=videos, batch_size=3, return_stats=True, **kwargs)
+    alone = [vlmspec.generate(p, images=i, videos=v, **kwargs) for p, i, v in zip(prompts, images, videos, strict=True)]
+    assert texts == alone
+    assert len(stats) == 5 and all(s.new_tokens > 0 for s in stats)
+
+
+def test_a_bad_medium_in_a_list_of_prompts_fails_naming_it_before_any_decoding(pair_dirs, media, tmp_path, monkeypatch):
+    decoded = []
+    stream = SpeculativeVLM.stream
+    monkeypatch.setattr(SpeculativeVLM, "stream", lambda self, *a, **k: decoded.append(1) or stream(self, *a, **k))
+    images = [media["image"], str(tmp_path / "missing.png")]
+    with pytest.raises(vlmspec.MediaNotFoundError, match="missing.png"):
+        vlmspec.generate(["Describe.", "Describe."], images=images, model=pair_dirs[0], draft=pair_dirs[1])
+    assert not decoded

@@ -75,3 +75,21 @@ def test_generation_settings_given_to_the_call_reach_generate(pipelines, qwen):
     expected = qwen.processor.tokenizer.decode(ids[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
     plain = ours(images=sample_image(0), text=text, max_new_tokens=16, return_full_text=False)
     assert out[0]["generated_text"] == expected != plain[0]["generated_text"]
+
+
+def test_a_list_at_batch_size_above_one_gives_every_inputs_own_output_in_order(pipelines):
+    reference, ours = pipelines
+    chats = [
+        [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image", "image": sample_image(i, (64 + 16 * i, 96))},
+                    {"type": "text", "text": "Describe." * (i + 1)},
+                ],
+            }
+        ]
+        for i in range(5)
+    ]
+    expected = reference(text=chats, max_new_tokens=12, batch_size=1)
+    assert ours(text=chats, max_new_tokens=12, batch_size=2) == expected

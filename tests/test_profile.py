@@ -67,3 +67,13 @@ def test_indexing_with_a_zero_dim_tensor_counts_as_a_read():
         x.index_select(0, i.view(1))
         int(x[0])
     assert counter.reads["own"] == 2
+
+
+def test_a_batched_step_reads_the_device_once_for_all_its_rows(cases):
+    target = tiny_qwen2_5_vl(0)
+    target.generation_config.eos_token_id = None  # the rows run in step to their budget
+    spec = SpeculativeVLM(target, noisy_copy(target, 0.05))
+    profile = profile_policy(spec, "static-tree", cases["image"], 24, "greedy", batch_size=4)
+    assert profile.method == "static-tree, B=4"
+    assert profile.per("step")["own reads"] == pytest.approx(1.0)
+    assert profile.tokens > 4 * profile.steps

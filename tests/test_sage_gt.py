@@ -7,7 +7,7 @@ import pytest
 import torch
 from policy_steps import chain_step
 
-from vlmspec.policies import CostAwareTreePlan, SageGtConfig, SageGtPolicy
+from vlmspec.policies import BatchShape, CostAwareTreePlan, SageGtConfig, SageGtPolicy
 from vlmspec.policies.calibration import AcceptanceCalibration
 from vlmspec.policies.cost_model import CostModel, StepCost, WindowedLeastSquares
 
@@ -185,6 +185,45 @@ def test_what_the_policy_learned_outlives_a_call():
     assert isinstance(policy.plan(), CostAwareTreePlan)
     assert policy.cost.observations == 4
     assert policy.rate == pytest.approx(3 / 0.03)
+
+
+def batch_step(rows: int, first: bool, accepted: int = 2):
+    """A row's outcome of a batched step of `rows` rows, each with a 3-token chain."""
+    step = chain_step(torch.zeros(20), accepted=accepted)
+    step.batch = BatchShape(rows, rows * 4, 3, rows * 3, rows * (accepted + 1), 100, 100, first)
+    return step
+
+
+def test_rows_of_a_batch_share_the_cost_model_and_record_each_step_once():
+    policy = SageGtPolicy(SageGtConfig(warmup_steps=2))
+    rows = [policy.for_row() for _ in range(4)]
+    for _ in range(3):
+        for b, row in enumerate(rows):
+            row.plan()
+            row.observe(batch_step(4, first=b == 0))
+    assert policy.cost.observations == 3
+    assert all(row.cost is policy.cost and row.calibration is policy.calibration for row in rows)
+    assert policy.rate == pytest.approx(4 * 3 / 0.03)
+
+
+def test_a_batch_prices_a_node_at_the_batchs_rate_and_per_token_cost():
+    alone, batched = SageGtPolicy(SageGtConfig(warmup_steps=2)), SageGtPolicy(SageGtConfig(warmup_steps=2))
+    rng = np.random.default_rng(0)
+    for _ in range(8):
+        nodes = int(rng.integers(1, 6))
+        step = chain_step(torch.zeros(20), accepted=nodes - 1, probs=[0.9] * nodes, verify_seconds=0.01 + 0.001 * nodes)
+        alone.plan()
+        alone.observe(step)
+        tokens = 8 * (nodes + 1)
+        step = chain_step(
+            torch.zeros(20), accepted=nodes - 1, probs=[0.9] * nodes, verify_seconds=0.01 + 0.001 * tokens
+        )
+        step.batch = BatchShape(8, tokens, nodes, tokens, 8 * nodes, 100, 100, True)
+        row = batched.for_row()
+        row.plan()
+        row.observe(step)
+    assert batched.rate > alone.rate
+    assert row.plan().node_floor > alone.plan().node_floor
 
 
 def test_configuration_errors_name_the_setting():

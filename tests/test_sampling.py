@@ -204,3 +204,30 @@ def test_several_return_sequences_need_sampling(qwen):
     spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"])
     with pytest.raises(ValueError, match="num_return_sequences"):
         spec.generate(**qwen.cases["text"], do_sample=False, num_return_sequences=2, max_new_tokens=4)
+
+
+def test_every_row_of_a_sampled_batch_follows_its_prompts_exact_distribution():
+    """A padded batch of an image row and a video row, each drawn SAMPLES times in one batched call: every row's
+    draws pass the G test against its own prompt's exact distribution."""
+    cases = ("image", "video")
+    adapter = SpeculativeVLM(FAMILY.target, FAMILY.target, "chain")._target_runner.adapter
+    pad = FAMILY.processor.tokenizer.pad_token_id
+    batch = {
+        k: v.to(FAMILY.target.device) for k, v in adapter.join_rows([FAMILY.cpu_cases[c] for c in cases], pad).items()
+    }
+    spec = SpeculativeVLM(FAMILY.target, FAMILY.drafts["noisy"], policy="sage")
+    sequences = spec.generate(
+        **batch,
+        do_sample=True,
+        max_new_tokens=NEW_TOKENS,
+        num_return_sequences=SAMPLES,
+        generator=torch.Generator().manual_seed(0),
+        **WARPS["top_k_top_p"],
+    )
+    width = batch["input_ids"].shape[1]
+    for b, case in enumerate(cases):
+        rows = sequences[b * SAMPLES : (b + 1) * SAMPLES]
+        result = g_test(continuations(rows, width, eos_ids(FAMILY.target, {})), exact(case, "top_k_top_p"))
+        assert result.samples == SAMPLES and result.impossible == 0
+        assert result.passes(ALPHA), (case, result)
+    assert max(step.accepted for step in spec.last_stats.steps) >= 2

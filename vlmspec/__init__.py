@@ -3,12 +3,12 @@
 from .api import generate, load_pair
 from .engine.stats import SpecStats, StepRecord
 from .errors import (
-    BatchSizeError,
     ContextTooLongError,
     EmptyPromptError,
     InvalidArgumentError,
     MediaNotFoundError,
     MediaRejectedError,
+    MemoryBudgetError,
     NoFramesError,
     NoInputsError,
     NotAnImageError,
@@ -40,13 +40,13 @@ from .speculative import SpeculativeVLM
 __version__ = "0.1.0"
 
 __all__ = [
-    "BatchSizeError",
     "ChainPolicy",
     "ContextTooLongError",
     "EmptyPromptError",
     "InvalidArgumentError",
     "MediaNotFoundError",
     "MediaRejectedError",
+    "MemoryBudgetError",
     "NoFramesError",
     "NoInputsError",
     "NotAnImageError",

@@ -66,6 +66,7 @@ def generate(
     target_quantization: Any = None,
     draft_quantization: Any = None,
     compile: str | bool = "auto",
+    batch_size: int = 8,
     **options: Any,
 ) -> str | list[str] | tuple[str | list[str], SpecStats | list[SpecStats]]:
     """Describe images and videos with a target VLM, sped up by its draft; returns exactly the target's own text.
@@ -75,7 +76,9 @@ def generate(
 
     `images` and `videos` take paths, URLs, PIL images, arrays, tensors (and, for videos, lists of frames). Given a
     list of prompts, the media are shared by all of them, or given per prompt as a list of the same length; the
-    result is then a list. Videos are sampled with `num_frames`, or `fps` capped by `max_frames`, between `start`
+    result is then a list in the prompts' order. The prompts decode together, up to `batch_size` at once
+    (`SpeculativeVLM.stream`), each exactly as it would alone (greedy: the same text). Every prompt's media are read
+    before any decoding starts. Videos are sampled with `num_frames`, or `fps` capped by `max_frames`, between `start`
     and `end` seconds. Other keyword arguments go to `SpeculativeVLM.generate` (e.g. `min_new_tokens`, `temperature`).
 
     The pair goes where `device_map` says; by default onto the first GPU when one is visible, else the CPU.
@@ -86,6 +89,7 @@ def generate(
     """
     prompts = check_prompts(prompt)
     check_count("max_new_tokens", max_new_tokens, optional=False)
+    check_count("batch_size", batch_size, optional=False)
     check_frame_request(num_frames, fps, max_frames, start, end)
     spec = load_pair(
         model,
@@ -98,20 +102,24 @@ def generate(
     )
     runner = spec.with_options(policy, pruning, prune_ratio)
     frames = dict(num_frames=num_frames, fps=fps, max_frames=max_frames, start=start, end=end)
-    texts, stats = [], []
-    for i, text in enumerate(prompts):
-        image_sources = _for_prompt(images, i, len(prompts))
-        image_list = load_images(image_sources)
-        video_list = load_videos(
-            _for_prompt(videos, i, len(prompts)), sampling=runner.processor.frame_sampling, **frames
-        )
-        names = _image_names(image_sources, len(image_list)) + [
-            v.source if v.source != "<frames>" else f"videos[{j}]" for j, v in enumerate(video_list)
-        ]
-        texts.append(_generate_one(runner, text, image_list, video_list, names, max_new_tokens, options))
-        stats.append(runner.last_stats)
+    # Every prompt's media are read and its inputs checked before any decoding starts.
+    inputs = [
+        _prompt_inputs(runner, text, _for_prompt(images, i, len(prompts)), _for_prompt(videos, i, len(prompts)), frames)
+        for i, text in enumerate(prompts)
+    ]
+    for row in inputs:
+        check_context(runner.context_length, row["input_ids"].shape[1], max_new_tokens)
     if isinstance(prompt, str):
-        return (texts[0], stats[0]) if return_stats else texts[0]
+        ids = runner.generate(**inputs[0], max_new_tokens=max_new_tokens, **options)
+        text = _decoded(runner, ids, inputs[0])
+        return (text, runner.last_stats) if return_stats else text
+    results = {}
+    for result in runner.stream(enumerate(inputs), batch_size, max_new_tokens=max_new_tokens, **options):
+        if result.error is not None:
+            raise result.error
+        results[result.key] = result
+    texts = [_decoded(runner, results[i].sequence, row) for i, row in enumerate(inputs)]
+    stats = [results[i].stats for i in range(len(inputs))]
     return (texts, stats) if return_stats else texts
 
 
@@ -128,12 +136,16 @@ def _image_names(sources: Any, count: int) -> list[str]:
     return [str(s) if isinstance(s, (str, os.PathLike)) else f"images[{i}]" for i, s in enumerate(listed)][:count]
 
 
-def _generate_one(
-    spec: SpeculativeVLM, prompt: str, images: list, videos: list, names: list[str], max_new_tokens: int, options: dict
-) -> str:
-    processor = spec.processor
-    inputs = dict(processor.prompt_inputs(prompt, images, videos, names))
-    length = inputs["input_ids"].shape[1]
-    check_context(spec.context_length, length, max_new_tokens)
-    ids = spec.generate(**inputs, max_new_tokens=max_new_tokens, **options)
-    return processor.tokenizer.decode(ids[0, length:], skip_special_tokens=True)
+def _prompt_inputs(spec: SpeculativeVLM, prompt: str, images: Any, videos: Any, frames: dict) -> dict[str, Any]:
+    """One prompt's model inputs, its media read (a bad medium raises its error, naming it)."""
+    image_list = load_images(images)
+    video_list = load_videos(videos, sampling=spec.processor.frame_sampling, **frames)
+    names = _image_names(images, len(image_list)) + [
+        v.source if v.source != "<frames>" else f"videos[{j}]" for j, v in enumerate(video_list)
+    ]
+    return dict(spec.processor.prompt_inputs(prompt, image_list, video_list, names))
+
+
+def _decoded(spec: SpeculativeVLM, ids: torch.Tensor, inputs: dict[str, Any]) -> str:
+    """The text of the new tokens of `ids` (1, L + n), after the prompt of `inputs`."""
+    return spec.processor.tokenizer.decode(ids[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)

@@ -10,6 +10,7 @@ interrupted.
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import sys
 import traceback
@@ -20,6 +21,8 @@ from typing import Any, NoReturn
 POLICIES = ("chain", "static-tree", "sage", "sage-gt")
 # What --compile takes (as vlmspec.engine.compiled.COMPILE_CHOICES).
 COMPILE_CHOICES = ("auto", "on", "off")
+# Inputs `caption` decodes together unless --batch-size says (as vlmspec.captioning.DEFAULT_CAPTION_BATCH_SIZE).
+CAPTION_BATCH_SIZE = 16
 
 EXIT_ERROR = 1
 EXIT_CONFIGURATION = 2
@@ -96,7 +99,7 @@ def _generate(args: argparse.Namespace) -> None:
 
 def _caption(args: argparse.Namespace) -> None:
     from .api import load_pair
-    from .captioning import CONFIGURATION_ERRORS, CaptioningStopped, CaptionSettings, run_captioning
+    from .captioning import CONFIGURATION_ERRORS, CaptioningStopped, CaptionSettings, caption_policy, run_captioning
     from .errors import InvalidArgumentError
 
     def spec_factory(state):
@@ -108,7 +111,8 @@ def _caption(args: argparse.Namespace) -> None:
         device_map = device_map_for(state.device if args.device is None else args.device)
         if device_map[""] == "cpu":
             device_map = None
-        return load_pair(**load_options(args), device_map=device_map).with_options(args.policy)
+        policy = args.policy or caption_policy(args.batch_size)
+        return load_pair(**load_options(args), device_map=device_map).with_options(policy)
 
     settings = CaptionSettings(
         prompt=args.prompt,
@@ -120,6 +124,8 @@ def _caption(args: argparse.Namespace) -> None:
         max_new_tokens=args.max_new_tokens,
         generation=generation_options(args),
         seed=args.seed,
+        batch_size=args.batch_size,
+        kv_budget_gb=args.kv_budget_gb,
     )
     try:
         summary = run_captioning(
@@ -138,9 +144,16 @@ def _caption(args: argparse.Namespace) -> None:
         if not stop.configuration:
             traceback.print_exception(stop.error, file=sys.stderr)
         cause = "a configuration error" if stop.configuration else "an error of the model"
+        others = len(set(stop.unrecorded) - {stop.path})
+        unrecorded = (
+            f"{stop.path} and the {others} other input{'s' * (others != 1)} then in flight have no record, so "
+            "--resume retries them"
+            if others
+            else f"{stop.path} has no record, so --resume retries it"
+        )
         _fail(
             f"vlmspec caption: {cause} stopped the job at {stop.path}: {type(stop.error).__name__}: {stop.error}\n"
-            f"The records written so far stay in {args.out}; {stop.path} has no record, so --resume retries it.",
+            f"The records written so far stay in {args.out}; {unrecorded}.",
             EXIT_CONFIGURATION if stop.configuration else EXIT_ERROR,
         )
     except CONFIGURATION_ERRORS as error:
@@ -159,6 +172,9 @@ def _bench(args: argparse.Namespace) -> None:
     from .eval.bench import exact_match_cell, run_bench, write_report
 
     spec = load_pair(args.model, args.draft, torch_dtype=torch.float32, compile=args.compile)
+    if args.batch_size is not None:
+        _batch_bench(spec, args)
+        return
     generation = generation_options(args)
     results = run_bench(spec, args.suite, args.methods.split(","), args.n, args.max_new_tokens, generation=generation)
     command = "vlmspec " + " ".join(shlex.quote(a) for a in sys.argv[1:])
@@ -168,6 +184,34 @@ def _bench(args: argparse.Namespace) -> None:
         exact = exact_match_cell(results, name)
         print(f"{name:<12} tau {tau:>5}  {m['tokens_per_s']:7.1f} tok/s  speedup {m['speedup']:.2f}x  exact {exact}")
     print(f"report: {Path(args.out) / 'results.md'}")
+
+
+def _batch_bench(spec, args: argparse.Namespace) -> None:
+    """`bench --batch-size`: plain batched generate and vlmspec's methods at every batch size."""
+    import json
+
+    from .eval.batch_bench import BATCH_METHODS, markdown_batch_report, run_batch_bench
+
+    methods = [m for m in args.methods.split(",") if m in BATCH_METHODS] or list(BATCH_METHODS)
+    results = run_batch_bench(spec, args.suite, methods, args.n, args.max_new_tokens, args.batch_size)
+    command = "vlmspec " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    report = markdown_batch_report(results, command)
+    (out / "results.md").write_text(report)
+    print(report)
+
+
+def _batch_sizes(text: str) -> list[int]:
+    """`--batch-size`: comma-separated positive integers."""
+    try:
+        sizes = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"batch sizes must be at least 1, got {text!r}")
+    return sizes
 
 
 def _profile(args: argparse.Namespace) -> None:
@@ -187,16 +231,19 @@ def _profile(args: argparse.Namespace) -> None:
     if unknown:
         _fail(f"vlmspec profile: unknown policies {sorted(unknown)}; choose from {', '.join(POLICIES)}", 2)
     inputs = suite_inputs(spec.processor, args.suite, 1)[0]
-    profiles = run_profile(spec, inputs, args.max_new_tokens, policies, tuple(CONFIGS))
-    print(f"vlmspec profile, {args.suite} suite, {args.max_new_tokens} new tokens, on {spec.target.device}:")
+    profiles = run_profile(spec, inputs, args.max_new_tokens, policies, tuple(CONFIGS), args.batch_size)
+    batch = f", {args.batch_size} copies of the prompt at once" if args.batch_size > 1 else ""
+    print(f"vlmspec profile, {args.suite} suite{batch}, {args.max_new_tokens} new tokens, on {spec.target.device}:")
     print(markdown_table(profiles))
 
 
 def _number(convert, low: float, *, above: bool = False, high: float | None = None):
-    """An argparse type: `convert`ed, at least `low` (above it with `above`) and at most `high`."""
+    """An argparse type: `convert`ed, finite, at least `low` (above it with `above`) and at most `high`."""
 
     def parse(text: str):
         value = convert(text)
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text} is not a finite number")
         if value < low or (above and value == low) or (high is not None and value > high):
             bound = f"{'>' if above else '>='} {low}" + ("" if high is None else f" and <= {high}")
             raise argparse.ArgumentTypeError(f"{text} is not {bound}")
@@ -307,8 +354,25 @@ def build_parser() -> argparse.ArgumentParser:
     cap.add_argument("--out", required=True, help="the JSON-lines file to write")
     cap.add_argument("--prompt", help="default: 'Describe the image/video in detail.'")
     _add_pair_options(cap)
+    # Measured defaults: sage one input at a time, chain in a batch (docs/benchmarks.md).
+    cap.set_defaults(policy=None)
     _add_frame_options(cap)
     cap.add_argument("--max-new-tokens", type=_number(int, 1), default=256)
+    cap.add_argument(
+        "--batch-size",
+        type=_number(int, 1),
+        default=CAPTION_BATCH_SIZE,
+        metavar="B",
+        help=f"inputs decoded together, the next admitted as soon as one finishes (default: {CAPTION_BATCH_SIZE}); "
+        "each caption is the one the input gets alone",
+    )
+    cap.add_argument(
+        "--kv-budget-gb",
+        type=_number(float, 0, above=True),
+        metavar="GB",
+        help="bound on the KV cache (target and draft) of the inputs in flight, per process: inputs wait for room, and "
+        "one that alone needs more is recorded as a MemoryBudgetError (default: no bound)",
+    )
     cap.add_argument("--resume", action="store_true", help="skip inputs already recorded in --out")
     cap.add_argument(
         "--retry-errors", action="store_true", help="with --resume: caption again the inputs recorded as errors"
@@ -334,6 +398,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--model", help="target (default: the demo pair)")
     bench.add_argument("--draft", help="draft (default: the demo pair)")
     bench.add_argument("--out", default="bench-out")
+    bench.add_argument(
+        "--batch-size",
+        type=_batch_sizes,
+        help="comma-separated batch sizes (e.g. 1,4,8,16,32): plain batched generate against chain, sage and sage-gt "
+        "decoding that many sequences at once (greedy)",
+    )
     _add_compile_option(bench)
     _add_bench_generation_options(bench)
     bench.set_defaults(run=_bench)
@@ -350,6 +420,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--device", help="where the pair runs, e.g. cuda (default: the CPU; the counts do not depend on it)"
     )
     profile.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    profile.add_argument(
+        "--batch-size", type=_number(int, 1), default=1, help="copies of the prompt decoded together (default 1)"
+    )
     profile.set_defaults(run=_profile)
     return parser
 
@@ -361,6 +434,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--model and --draft go together (neither: the bundled demo pair)")
     if getattr(args, "retry_errors", False) and not args.resume:
         parser.error("--retry-errors continues an existing output: add --resume")
+    if args.command == "bench" and args.batch_size is not None and args.do_sample:
+        parser.error("--batch-size benches greedy decoding: drop --do-sample")
     if args.command == "bench" and not args.do_sample and any(getattr(args, name) is not None for name in SHAPING):
         parser.error("--temperature, --top-k and --top-p only shape sampling, and the bench is greedy: add --do-sample")
     args.run(args)

@@ -19,8 +19,8 @@ class VocabularyMismatchError(VLMSpecError, ValueError):
     """The draft and target do not map the same token ids to the same tokens."""
 
 
-class BatchSizeError(VLMSpecError, ValueError):
-    """The inputs hold more than one sequence; speculative decoding here runs one sequence at a time."""
+class MemoryBudgetError(VLMSpecError, MemoryError):
+    """A sequence whose KV cache alone exceeds the memory budget given for the rows decoded together."""
 
 
 class NoInputsError(VLMSpecError, ValueError):

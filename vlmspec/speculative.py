@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -10,11 +11,13 @@ from transformers import GenerationConfig, PreTrainedModel
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .adapters import adapter_for
+from .engine.batch import BatchDecoder, RowRequest, RowResult
+from .engine.budget import KVBudget
 from .engine.compiled import LARGEST_FORWARD, compiled_forward
 from .engine.loop import SpeculativeDecoder
 from .engine.runner import ModelRunner
 from .engine.stats import SpecStats
-from .errors import BatchSizeError, VocabularyMismatchError
+from .errors import VocabularyMismatchError
 from .hf.generation import resolve_generation
 from .loading import Quantization, check_model_attention, check_tokenizers, load_model
 from .policies import SageConfig, TreePolicy, resolve_policy
@@ -58,8 +61,9 @@ class SpeculativeVLM:
 
     `policy` is `"sage"` (default), `"chain"`, `"static-tree"`, a `SageConfig` or a `TreePolicy`. `pruning`
     (`"verifier"` by default, `"uniform"`, `"random"`, a `PruningConfig` or None) cuts the visual tokens the draft
-    sees; `prune_ratio` is the share dropped (default 0.9 with video, 0.8 for images). One sequence per call:
-    inputs with batch size > 1 raise `BatchSizeError`.
+    sees; `prune_ratio` is the share dropped (default 0.9 with video, 0.8 for images). A left-padded batch (as the
+    target's processor makes for a list of prompts) decodes all its rows together, each exactly as `generate` would
+    decode it; `stream` keeps a batch full over many prompts (continuous batching).
 
     `compile` (`"auto"`, True/`"on"`, False/`"off"`) runs both models' decoding forwards through `torch.compile`
     at fixed shapes (CUDA graphs on a GPU); `"auto"` compiles on CUDA only, and the `VLMSPEC_COMPILE` environment
@@ -96,6 +100,14 @@ class SpeculativeVLM:
         self._decoder = SpeculativeDecoder(
             self._target_runner,
             self._draft_runner,
+            self.policy,
+            vocab_limit,
+            self.pruning,
+            draft_input_limit=draft.get_input_embeddings().weight.shape[0],
+        )
+        self._batch = BatchDecoder(
+            ModelRunner(target_adapter),
+            ModelRunner(draft_adapter),
             self.policy,
             vocab_limit,
             self.pruning,
@@ -194,16 +206,11 @@ class SpeculativeVLM:
         """
         if input_ids is None:
             raise ValueError("generate() needs input_ids (what the target's processor returned)")
-        if input_ids.ndim != 2 or input_ids.shape[0] != 1:
-            raise BatchSizeError(
-                f"input_ids has shape {tuple(input_ids.shape)}: vlmspec decodes one sequence per call; "
-                "loop over the batch or use the batch captioning tools"
-            )
+        if input_ids.ndim != 2:
+            raise ValueError(f"input_ids must be (batch, length), got shape {tuple(input_ids.shape)}")
         input_keys = self._target_runner.adapter.input_keys
         model_inputs = {k: kwargs.pop(k) for k in input_keys if k != "input_ids" and kwargs.get(k) is not None}
         mask = model_inputs.get("attention_mask")
-        if mask is not None and not bool(mask.all()):
-            raise BatchSizeError("attention_mask has padding; pass a single unpadded sequence")
         return_dict = kwargs.pop("return_dict_in_generate", None)
         # The models may have moved since they were wrapped (`spec.target.cuda()`); inputs follow them, and the
         # logits processors are built where the target's logits are.
@@ -212,7 +219,6 @@ class SpeculativeVLM:
         device = self._target_runner.device
         model_inputs["input_ids"] = input_ids
         target_inputs = _to_device(model_inputs, device)
-        draft_inputs = _to_device(model_inputs, self._draft_runner.device)
         settings = resolve_generation(
             self.target,
             generation_config,
@@ -221,13 +227,111 @@ class SpeculativeVLM:
             {k: v for k, v in target_inputs.items() if k != "input_ids"},
             on_device(generator, device),
         )
-        if streamer is not None and settings.num_sequences > 1:
-            raise ValueError("a streamer follows one sequence: pass num_return_sequences=1 to stream")
-        continuations, self.last_stats = self._decoder.run(target_inputs, draft_inputs, settings, streamer)
-        sequences = _pad(continuations, settings.pad_token_id)
+        if input_ids.shape[0] > 1 or (mask is not None and not bool(mask.all())):
+            if streamer is not None:
+                raise ValueError(
+                    "a streamer follows one sequence (transformers' streamers take batch size 1): "
+                    "pass one prompt to stream, or no streamer for a batch"
+                )
+            sequences = self._generate_rows(target_inputs, settings)
+        else:
+            if streamer is not None and settings.num_sequences > 1:
+                raise ValueError("a streamer follows one sequence: pass num_return_sequences=1 to stream")
+            draft_inputs = _to_device(model_inputs, self._draft_runner.device)
+            continuations, self.last_stats = self._decoder.run(target_inputs, draft_inputs, settings, streamer)
+            sequences = _pad(continuations, settings.pad_token_id)
         if return_dict or (return_dict is None and self.target.generation_config.return_dict_in_generate):
             return GenerateDecoderOnlyOutput(sequences=sequences)
         return sequences
+
+    def _generate_rows(self, inputs: dict[str, torch.Tensor], settings: Any) -> torch.Tensor:
+        """A padded batch decoded together: each row (its `num_return_sequences` draws in turn) as its own sequence,
+        its output the row's padded prompt and its new tokens, padded after EOS as `generate` pads."""
+        rows = self._target_runner.adapter.split_rows(inputs)
+        draft_device = self._draft_runner.device
+        requests = [
+            RowRequest(
+                (b, i),
+                row,
+                _to_device(row, draft_device),
+                inputs["input_ids"][b : b + 1],
+                settings,
+            )
+            for b, row in enumerate(rows)
+            for i in range(settings.num_sequences)
+        ]
+        results = sorted(self._batch.run(requests, len(requests)), key=lambda r: r.key)
+        for result in results:
+            if result.error is not None:
+                raise result.error
+        self.last_stats = SpecStats.combined([r.stats for r in results], self._batch.stats)
+        return _pad([r.sequence for r in results], settings.pad_token_id)
+
+    @torch.inference_mode()
+    def stream(
+        self,
+        inputs: Iterable[tuple[Any, dict[str, Any]] | tuple[Any, dict[str, Any], dict[str, Any]]],
+        batch_size: int = 8,
+        *,
+        kv_budget_gb: float | None = None,
+        generation_config: GenerationConfig | None = None,
+        generator: torch.Generator | None = None,
+        **kwargs: Any,
+    ) -> Iterator[RowResult]:
+        """Decode many prompts, up to `batch_size` at once, admitting the next as soon as one finishes (continuous
+        batching); yields a `RowResult` per prompt as it finishes (`key`, `sequence` (1, L + n), `stats`, or the
+        `error` that prompt raised: the others carry on).
+
+        `inputs` yields `(key, processor output for one prompt)` or `(key, output, options)`, read lazily (media can be
+        decoded ahead on other threads); `options` are that prompt's own generation arguments (e.g. its `generator`).
+        Each prompt decodes exactly as `generate(**its_inputs, **kwargs, **options)` would. `kv_budget_gb` bounds
+        the KV cache of the rows in flight (both models): rows wait for room, and a prompt that alone exceeds it
+        fails with `MemoryBudgetError` naming the option.
+        """
+        self._target_runner.refresh()
+        self._draft_runner.refresh()
+        device, draft_device = self._target_runner.device, self._draft_runner.device
+        budget = None if kv_budget_gb is None else KVBudget(kv_budget_gb, self.target, self.draft)
+
+        def requests() -> Iterator[RowRequest]:
+            for key, item, *options in inputs:
+                try:
+                    keys = self._target_runner.adapter.input_keys
+                    row = _to_device({k: item[k] for k in keys if item.get(k) is not None}, device)
+                    own = {**kwargs, **(options[0] if options else {})}
+                    own_generator = on_device(own.pop("generator", generator), device)
+                    settings = resolve_generation(
+                        self.target,
+                        generation_config,
+                        own,
+                        row["input_ids"],
+                        {k: v for k, v in row.items() if k != "input_ids"},
+                        own_generator,
+                    )
+                    if settings.num_sequences != 1:
+                        raise ValueError("stream() draws one continuation per prompt: pass num_return_sequences=1")
+                    if budget is not None:
+                        budget.check(row["input_ids"].shape[1] + settings.max_new_tokens)
+                except Exception as error:  # noqa: BLE001 - a bad prompt is reported, the others go on
+                    yield RowRequest(key, {}, {}, torch.empty(1, 0, dtype=torch.long), None, error=error)
+                    continue
+                yield RowRequest(key, row, _to_device(row, draft_device), row["input_ids"], settings)
+
+        if batch_size == 1:
+            yield from self._one_at_a_time(requests())
+            return
+        admit = None if budget is None else budget.admits
+        yield from self._batch.run(requests(), batch_size, admit)
+
+    def _one_at_a_time(self, requests: Iterable[RowRequest]) -> Iterator[RowResult]:
+        """`stream` at batch size 1: each prompt through the one-sequence decoder, whose forwards attend to the cache
+        without a mask as wide as it and run compiled where the pair does (batched forwards run eager)."""
+        for request in requests:
+            if request.error is not None:
+                yield RowResult(request.key, None, None, request.error)
+                continue
+            sequences, stats = self._decoder.run(request.target_inputs, request.draft_inputs, request.settings)
+            yield RowResult(request.key, sequences[0], stats)
 
     @torch.inference_mode()
     def warm_up(self, max_new_tokens: int = 128, **inputs: Any) -> float:

@@ -1,7 +1,14 @@
 """Family-specific adapters and the registry that picks one for a model."""
 
 from .base import ModelAdapter, Prefill, VideoProcessing, VisualLayout
-from .registry import adapter_class_for, adapter_for, register_adapter, supported_model_classes, video_processing
+from .registry import (
+    adapter_class_for,
+    adapter_class_for_family,
+    adapter_for,
+    register_adapter,
+    supported_model_classes,
+    video_processing,
+)
 
 __all__ = [
     "ModelAdapter",
@@ -9,6 +16,7 @@ __all__ = [
     "VideoProcessing",
     "VisualLayout",
     "adapter_class_for",
+    "adapter_class_for_family",
     "adapter_for",
     "register_adapter",
     "supported_model_classes",

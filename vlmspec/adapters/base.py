@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
+from torch.nn.functional import pad
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import Cache
 
@@ -81,6 +82,8 @@ class ModelAdapter(ABC):
     special_token_attributes: ClassVar[tuple[str, ...]] = ("image_token_id", "video_token_id")
     #: How the family's processor packs video (None: vlmspec cannot pack video for it without torchvision).
     video_processing: ClassVar[VideoProcessing | None] = None
+    #: Inputs with one entry per prompt token, `(B, L)` and left-padded in a batch (the rest are visual inputs).
+    token_keys: ClassVar[tuple[str, ...]] = ("input_ids", "attention_mask")
 
     def __init__(self, model: PreTrainedModel):
         self.model = model
@@ -115,6 +118,57 @@ class ModelAdapter(ABC):
     def layer_devices(self) -> list[torch.device]:
         """The device of every decoder layer's attention, in order (layers may sit on different GPUs)."""
         return [next(module.parameters()).device for module in self.attention_modules()]
+
+    def split_rows(self, inputs: dict[str, Any]) -> list[dict[str, Any]]:
+        """Each prompt's inputs, batch size 1, exactly as the processor returns them for that prompt alone, from its
+        left-padded batch for a list of prompts (`input_ids` `(B, L)`, `attention_mask` and the visual inputs).
+
+        The padding is cut from the token inputs; each row gets only its own images and videos (`split_visual`).
+        """
+        mask = inputs.get("attention_mask")
+        if mask is None:
+            mask = torch.ones_like(inputs["input_ids"])
+        starts = (mask.cumsum(1) == 0).sum(1)
+        if int(mask.sum()) != int((mask.shape[1] - starts).sum()):
+            raise ValueError("the batch is not left-padded: its attention mask has zeros after a prompt's start")
+        tokens = [
+            {k: inputs[k][row : row + 1, start:] for k in self.token_keys if inputs.get(k) is not None}
+            for row, start in enumerate(starts.tolist())
+        ]
+        return [{**row, **visual} for row, visual in zip(tokens, self.split_visual(inputs), strict=True)]
+
+    def split_visual(self, inputs: dict[str, Any]) -> list[dict[str, Any]]:
+        """Per row of the batch, its own visual inputs (none for a batch without any); families with visual inputs
+        override it."""
+        visual = [k for k, v in inputs.items() if k not in self.token_keys and v is not None]
+        if visual:
+            raise NotImplementedError(f"{type(self).__name__} cannot split the visual inputs {visual} into rows")
+        return [{} for _ in range(inputs["input_ids"].shape[0])]
+
+    @classmethod
+    def join_rows(cls, rows: list[dict[str, Any]], pad_token_id: int) -> dict[str, Any]:
+        """The left-padded batch the processor returns for a list of prompts, from each prompt's own inputs (the
+        inverse of `split_rows`; it needs no model): token inputs padded on the left (`input_ids` with
+        `pad_token_id`, the rest with 0), visual inputs collated by `join_visual`."""
+        length = max(row["input_ids"].shape[1] for row in rows)
+        batch = {}
+        for key in cls.token_keys:
+            present = [row[key] for row in rows if row.get(key) is not None]
+            if not present:
+                continue
+            if len(present) != len(rows):
+                raise ValueError(f"{key} is given for some rows only")
+            fill = pad_token_id if key == "input_ids" else 0
+            batch[key] = torch.cat([pad(t, (length - t.shape[1], 0), value=fill) for t in present])
+        batch.update(cls.join_visual([{k: v for k, v in row.items() if k not in cls.token_keys} for row in rows]))
+        return batch
+
+    @classmethod
+    def join_visual(cls, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        """The batch's visual inputs from each row's: every tensor concatenated over the rows that have it (the
+        processor's layout for inputs with one entry per image, video or patch)."""
+        keys = dict.fromkeys(k for row in rows for k, v in row.items() if v is not None)
+        return {k: torch.cat([row[k] for row in rows if row.get(k) is not None]) for k in keys}
 
     @abstractmethod
     def prompt_positions(self, inputs: dict[str, Any]) -> torch.Tensor:
@@ -205,3 +259,18 @@ def split_runs(mask: torch.Tensor) -> list[tuple[int, int]]:
     padded = torch.cat([mask.new_zeros(1), mask.to(torch.int8), mask.new_zeros(1)])
     edges = padded.diff().nonzero().squeeze(1).tolist()
     return list(zip(edges[0::2], edges[1::2], strict=True))
+
+
+def items_per_row(input_ids: torch.Tensor, token_id: int, item_tokens: torch.Tensor) -> list[int]:
+    """Where each row's visual items start and end: `(B + 1,)` offsets into the batch's items (images or videos, in
+    row order) such that row r holds items `offsets[r]:offsets[r + 1]`, from the rows' counts of `token_id` in
+    `input_ids` `(B, L)` and each item's token count `item_tokens` `(N,)`."""
+    ends = torch.cat([item_tokens.new_zeros(1), item_tokens.cumsum(0)]).to(input_ids.device)
+    row_ends = (input_ids == token_id).sum(1).cumsum(0)
+    offsets = torch.cat([row_ends.new_zeros(1), torch.searchsorted(ends, row_ends, right=True) - 1])
+    if not torch.equal(ends[offsets[1:]], row_ends) or int(offsets[-1]) != len(item_tokens):
+        raise ValueError(
+            f"the rows' {row_ends.diff(prepend=row_ends.new_zeros(1)).tolist()} tokens of id {token_id} are not whole "
+            f"items of {item_tokens.tolist()} tokens each"
+        )
+    return offsets.tolist()

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .base import ModelAdapter, VisualLayout, split_runs
+from .base import ModelAdapter, VisualLayout, items_per_row, split_runs
 
 #: The Qwen-VL video processors' shared defaults (transformers 5.23).
 QWEN_VIDEO_DEFAULTS: dict[str, Any] = dict(
@@ -19,6 +19,13 @@ class MRopeAdapter(ModelAdapter):
     prompt advances all three axes together."""
 
     position_only_keys = ("mm_token_type_ids",)
+    token_keys = ("input_ids", "attention_mask", "mm_token_type_ids")
+    #: Per kind of visual item: the config attribute of its token id, its grid key `(N, 3)`, its pixel key (rows of
+    #: patches, t * h * w per item, concatenated) and its other keys with one entry per item.
+    visual_items: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
+        ("image_token_id", "image_grid_thw", "pixel_values", ()),
+        ("video_token_id", "video_grid_thw", "pixel_values_videos", ("second_per_grid_ts",)),
+    )
     special_token_attributes = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
     #: Extra inputs `get_rope_index` reads besides ids, token types, grids and mask (e.g. seconds per grid).
     rope_index_keys: tuple[str, ...] = ()
@@ -41,6 +48,27 @@ class MRopeAdapter(ModelAdapter):
 
     def position_ids(self, positions: torch.Tensor) -> torch.Tensor:
         return positions.view(1, 1, -1).expand(3, 1, -1)
+
+    def split_visual(self, inputs: dict[str, Any]) -> list[dict[str, Any]]:
+        """Images and videos go to rows by the rows' visual token counts: an item of grid (t, h, w) has
+        t * h * w / merge**2 tokens and t * h * w rows of patches."""
+        rows: list[dict[str, Any]] = [{} for _ in range(inputs["input_ids"].shape[0])]
+        merge = self.model.config.vision_config.spatial_merge_size**2
+        for token_attribute, grid_key, pixel_key, item_keys in self.visual_items:
+            grids = inputs.get(grid_key)
+            if grids is None:
+                continue
+            patches = grids.prod(1)
+            token_id = getattr(self.model.config, token_attribute)
+            offsets = items_per_row(inputs["input_ids"], token_id, patches // merge)
+            patch_offsets = [0, *patches.cumsum(0).tolist()]
+            for row, start, end in zip(rows, offsets[:-1], offsets[1:], strict=True):
+                if start == end:
+                    continue
+                row[pixel_key] = inputs[pixel_key][patch_offsets[start] : patch_offsets[end]]
+                row[grid_key] = grids[start:end]
+                row.update({k: inputs[k][start:end] for k in item_keys if inputs.get(k) is not None})
+        return rows
 
     def visual_layout(self, inputs: dict[str, Any]) -> VisualLayout:
         """One group per image; one per temporal patch of a video, sized from `video_grid_thw`."""

@@ -24,6 +24,13 @@ def video_processing() -> list[VideoProcessing]:
     return [adapter.video_processing for adapter in _ADAPTERS if adapter.video_processing is not None]
 
 
+def adapter_class_for_family(family: VideoProcessing | None) -> type[ModelAdapter] | None:
+    """The adapter class whose video processing is `family` (as `processors.video_config.family_for` finds it)."""
+    if family is None:
+        return None
+    return next((adapter for adapter in _ADAPTERS if adapter.video_processing is family), None)
+
+
 def supported_model_classes() -> list[str]:
     return sorted({name for adapter in _ADAPTERS for name in adapter.model_classes})
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import dataclass
 
 import torch
@@ -35,6 +36,17 @@ class Drafted:
     forwards: int
     fed_tokens: int
     slots: torch.Tensor | None = None
+
+
+@dataclass
+class DraftForward:
+    """One draft forward a tree's growth asks for: `tokens` (q,) at `depths` (q,) past the cache index `root_index`
+    (the root's), each seeing every key before the last k and, of those k, the ones `visible` (q, k) marks."""
+
+    tokens: torch.Tensor
+    depths: torch.Tensor
+    visible: torch.Tensor
+    root_index: int
 
 
 class Drafter:
@@ -92,25 +104,49 @@ class Drafter:
         `sequence` (1, T) is everything emitted so far, ending with the root; `processing` the config's processors.
         The tree stops at `max_depth` levels (the tokens left in the budget, less the bonus token), if given.
         """
+        runner = self.runner
+        steps = self.steps(pending, plan, sequence, runner.length, processing, max_depth)
+        request = next(steps)
+        while True:
+            bias = additive_mask(request.visible, runner.dtype)
+            logits = runner.forward(request.tokens, request.depths, bias, request.root_index)
+            try:
+                request = steps.send(logits)
+            except StopIteration as grown:
+                return grown.value
+
+    def steps(
+        self,
+        pending: torch.Tensor,
+        plan: TreePlan,
+        sequence: torch.Tensor,
+        length: int,
+        processing: NodeProcessing | None = None,
+        max_depth: int | None = None,
+    ) -> Generator[DraftForward, torch.Tensor, Drafted]:
+        """`grow` as a generator: yields each draft forward it needs over a cache of `length` positions, is sent that
+        forward's logits (q, V), and returns the tree; so many rows' trees can grow through one batched forward."""
         masked = plan.masked if plan.masked is not None else self.runner.device.type != "cpu"
         depth = plan.levels(masked) if max_depth is None else max(0, min(plan.levels(masked), max_depth))
         slots = plan.max_nodes * (depth if masked else 1)
-        if slots + 1 > self.builder.capacity or self.builder.tokens.device != self.runner.device:
-            self.builder = TreeBuilder(max(slots, self.builder.capacity - 1), self.runner.device)
-        runner, builder = self.runner, self.builder
+        device = pending.device
+        if slots + 1 > self.builder.capacity or self.builder.tokens.device != device:
+            self.builder = TreeBuilder(max(slots, self.builder.capacity - 1), device)
+        builder = self.builder
         root = pending[-1]
         pending = pending.clamp_max(self.input_limit - 1)
         if processing is not None:
-            sequence = sequence.to(runner.device).clamp_max(self.vocab_limit - 1)
-        root_index = runner.length + pending.shape[0] - 1
-        depths = torch.arange(-pending.shape[0] + 1, 1, device=runner.device)
-        logits = runner.forward(pending, depths, runner.causal_bias(pending.shape[0]), root_index)
+            sequence = sequence.to(device).clamp_max(self.vocab_limit - 1)
+        root_index = length + pending.shape[0] - 1
+        depths = torch.arange(-pending.shape[0] + 1, 1, device=device)
+        causal = torch.ones(pending.shape[0], pending.shape[0], dtype=torch.bool, device=device).tril_()
+        logits = yield DraftForward(pending, depths, causal, root_index)
         builder.start(root)
         root_log_probs, root_order = self._log_probs(logits[-1], processing, sequence)
         frontier = slice(0, 1)
         child_log_probs, child_order = root_log_probs[None], root_order[None]
         cached_depth, forwards, fed_tokens = 0, 1, pending.shape[0]
-        real_nodes = torch.zeros((), dtype=torch.long, device=runner.device)
+        real_nodes = torch.zeros((), dtype=torch.long, device=device)
         for level in range(1, depth + 1):
             top = child_order.topk(plan.top_k, dim=-1).indices
             top_log_probs = child_log_probs.gather(-1, top)
@@ -138,8 +174,8 @@ class Drafter:
             if level == depth or full or (not masked and not plan.grows(level)):
                 break
             frontier = new
-            bias = additive_mask(builder.ancestors[new, 1 : new.stop], runner.dtype)
-            logits = runner.forward(builder.tokens[new], builder.depths[new], bias, root_index)
+            visible = builder.ancestors[new, 1 : new.stop]
+            logits = yield DraftForward(builder.tokens[new], builder.depths[new], visible, root_index)
             forwards, fed_tokens = forwards + 1, fed_tokens + new.stop - new.start
             child_log_probs, child_order = self._log_probs(
                 logits, processing, sequence, None if processing is None else builder.ancestors[new, : builder.size]

@@ -93,7 +93,7 @@ class TokenSink:
             self.streamer.end()
 
 
-class _Prefill:
+class Prefilled:
     """What both models' prompt passes leave behind, shared by every continuation of one call."""
 
     def __init__(self, target_inputs: dict[str, Any], draft_inputs: dict[str, Any], room: int):
@@ -141,7 +141,7 @@ class SpeculativeDecoder:
         timer = PhaseTimer(stats, self.target.device)
         prompt = target_inputs["input_ids"]
         sequences = []
-        prefill = _Prefill(target_inputs, draft_inputs, settings.max_new_tokens)
+        prefill = Prefilled(target_inputs, draft_inputs, settings.max_new_tokens)
         for _ in range(settings.num_sequences):
             sink = TokenSink(prompt, settings, streamer)
             try:
@@ -155,7 +155,7 @@ class SpeculativeDecoder:
         stats.finish(time.perf_counter() - started)
         return sequences, stats
 
-    def _prefill_target(self, prefill: _Prefill, stats: SpecStats, timer: PhaseTimer) -> None:
+    def prefill_target(self, prefill: Prefilled, stats: SpecStats, timer: PhaseTimer) -> None:
         """Run the target over the prompt, scoring the visual tokens for the draft's pruning on the way."""
         target, pruning = self.target, self.pruning
         with timer("pruning"):
@@ -172,7 +172,7 @@ class SpeculativeDecoder:
             stats.phase_seconds["pruning"] += scorer.seconds
         prefill.layout, prefill.scores = layout, None if scorer is None else scorer.scores
 
-    def _prefill_draft(self, prefill: _Prefill, stats: SpecStats, timer: PhaseTimer) -> None:
+    def prefill_draft(self, prefill: Prefilled, stats: SpecStats, timer: PhaseTimer) -> None:
         """Run the draft over the prompt, keeping only the visual tokens pruning leaves it."""
         draft, pruning = self.draft, self.pruning
         keep = None
@@ -186,11 +186,11 @@ class SpeculativeDecoder:
         stats.draft_prefill_tokens = draft.length
 
     def _decode(
-        self, prefill: _Prefill, settings: DecodeSettings, sink: TokenSink, stats: SpecStats, timer: PhaseTimer
+        self, prefill: Prefilled, settings: DecodeSettings, sink: TokenSink, stats: SpecStats, timer: PhaseTimer
     ) -> None:
         target, draft, policy = self.target, self.draft, self.policy
         if prefill.logits is None:
-            self._prefill_target(prefill, stats, timer)
+            self.prefill_target(prefill, stats, timer)
         else:
             target.keep(prefill.target_length, prefill.nothing)
         with timer("acceptance"):
@@ -199,7 +199,7 @@ class SpeculativeDecoder:
         if sink.finished:
             return
         if prefill.draft_length is None:
-            self._prefill_draft(prefill, stats, timer)
+            self.prefill_draft(prefill, stats, timer)
         else:
             draft.keep(prefill.draft_length, prefill.nothing.to(draft.device))
         policy.reset()

@@ -55,6 +55,33 @@ def read_step(
     with_tree: bool = False,
 ) -> StepReport:
     """Settle EOS and the budget (`room` tokens left) on the device, then read the step's results in one go."""
+    packed = pack_step(tree, verdict, tokens, eos_token_ids, room, greedy_depth, statistics, with_tree)
+    return unpack_step(packed.values.tolist(), packed)
+
+
+@dataclass
+class PackedStep:
+    """A step's results on the device as one float64 vector, and the sizes that cut it back into a `StepReport`."""
+
+    values: torch.Tensor
+    nodes: int
+    depth: int
+    statistics: int
+    with_tree: bool
+
+
+def pack_step(
+    tree: DraftTree,
+    verdict: Verdict,
+    tokens: torch.Tensor,
+    eos_token_ids: torch.Tensor,
+    room: int,
+    greedy_depth: torch.Tensor,
+    statistics: torch.Tensor | None = None,
+    with_tree: bool = False,
+) -> PackedStep:
+    """Settle EOS and the budget on the device and pack what the host must know (rows of a batch are packed apart,
+    concatenated and read once)."""
     device = tokens.device
     offered = verdict.accepted + 1
     positions = torch.arange(tokens.shape[0], device=device)
@@ -64,17 +91,17 @@ def read_step(
     finished = hit | (count >= room)
     doubt = torch.zeros((), dtype=torch.long, device=device) if verdict.doubt is None else verdict.doubt.long()
     head = [verdict.accepted, count.clamp_max(room), finished.long(), doubt, greedy_depth.to(device)]
-    parts = [
-        torch.stack(head),
-        tokens,
-        verdict.path,
-    ]
     statistics = torch.empty(0, device=device) if statistics is None else statistics.to(device)
-    parts.append(statistics)
+    parts = [torch.stack(head), tokens, verdict.path, statistics]
     if with_tree:
         parts += [tree.parents, tree.log_probs]
-    values = torch.cat([p.to(torch.float64) for p in parts]).tolist()
-    n, depth, stats = tree.size, tokens.shape[0], statistics.shape[0]
+    values = torch.cat([p.to(torch.float64) for p in parts])
+    return PackedStep(values, tree.size, tokens.shape[0], statistics.shape[0], with_tree)
+
+
+def unpack_step(values: list[float], packed: PackedStep) -> StepReport:
+    """The `StepReport` of a packed step, from its values as read."""
+    n, depth, stats = packed.nodes, packed.depth, packed.statistics
     head, values = values[:5], values[5:]
     tokens_host, path, values = values[:depth], values[depth : 2 * depth], values[2 * depth :]
     accepted = int(head[0])
@@ -87,6 +114,6 @@ def read_step(
         tokens=[int(t) for t in tokens_host],
         path=[int(i) for i in path[: accepted + 1]],
         statistics=values[:stats],
-        tree_parents=[int(i) for i in values[stats : stats + n]] if with_tree else None,
-        tree_log_probs=values[stats + n :] if with_tree else None,
+        tree_parents=[int(i) for i in values[stats : stats + n]] if packed.with_tree else None,
+        tree_log_probs=values[stats + n :] if packed.with_tree else None,
     )

@@ -58,6 +58,25 @@ class SpecStats:
     def total_seconds(self) -> float:
         return sum(self.phase_seconds.values())
 
+    @classmethod
+    def combined(cls, rows: list[SpecStats], batch: SpecStats) -> SpecStats:
+        """One call's statistics over sequences decoded together: each row's tokens, steps and prompt phases, and the
+        batch's shared phases (drafting, verification, ...) once."""
+        total = cls()
+        for row in rows:
+            total.new_tokens += row.new_tokens
+            total.target_prefill_tokens += row.target_prefill_tokens
+            total.draft_prefill_tokens += row.draft_prefill_tokens
+            total.steps += row.steps
+            for phase, seconds in row.phase_seconds.items():
+                if phase != "other":
+                    total.phase_seconds[phase] += seconds
+        for phase, seconds in batch.phase_seconds.items():
+            total.phase_seconds[phase] += seconds
+        total.iterations = len(total.steps)
+        total.mean_accept_length = sum(s.accepted for s in total.steps) / max(1, total.iterations)
+        return total
+
     def finish(self, total_seconds: float) -> None:
         """Close the books: tau from the steps, and the time not in any named phase as `other`."""
         self.iterations = len(self.steps)

@@ -8,7 +8,9 @@ Two counts, per step and per emitted token, for each policy beside plain `genera
   boolean mask.
 A step's counts are those of a call with `max_new_tokens=N` less those of a call with 2 (both prefills and the
 first step), divided by the steps in between, so prompt processing is left out. SAGE's trees are grown as on an
-accelerator (`SageConfig(fixed_shapes=True)`), whatever device runs the count.
+accelerator (`SageConfig(fixed_shapes=True)`), whatever device runs the count. With a batch size B, B copies of the
+prompt decode together (plain `generate` on the padded batch, vlmspec through `stream`): a step is then one step of
+the whole batch, and its tokens those of all rows.
 """
 
 from __future__ import annotations
@@ -156,52 +158,74 @@ def _difference(counter: LaunchCounter, run, new_tokens: int) -> tuple[Counter, 
 
 
 def profile_generate(target: torch.nn.Module, inputs: dict, new_tokens: int, config: str) -> Profile:
-    """Plain `generate`'s counts per token (its steps are its tokens)."""
+    """Plain `generate`'s counts per step (a step emits a token in every row of `inputs`, one prompt or a batch)."""
     counter = LaunchCounter(target)
     settings = dict(CONFIGS[config])
-    prompt = inputs["input_ids"].shape[1]
+    prompt, batch_size = inputs["input_ids"].shape[1], inputs["input_ids"].shape[0]
 
     def run(n: int) -> tuple[int, int]:
-        tokens = target.generate(**inputs, max_new_tokens=n, **settings).shape[1] - prompt
-        return tokens, tokens
+        steps = target.generate(**inputs, max_new_tokens=n, **settings).shape[1] - prompt
+        return steps, steps * batch_size
 
     try:
         launches, reads, (steps, tokens) = _difference(counter, run, new_tokens)
     finally:
         counter.remove()
-    return Profile("generate", config, steps, tokens, _full(launches), _full(reads))
+    return Profile(_named("generate", batch_size), config, steps, tokens, _full(launches), _full(reads))
 
 
-def profile_policy(spec: SpeculativeVLM, policy: str, inputs: dict, new_tokens: int, config: str) -> Profile:
+def profile_policy(
+    spec: SpeculativeVLM, policy: str, inputs: dict, new_tokens: int, config: str, batch_size: int = 1
+) -> Profile:
     """Counts of `spec` with `policy` per decoding step and per emitted token."""
     runner = spec.with_options(_ON_ACCELERATORS.get(policy, policy), pruning=None)
     counter = LaunchCounter(spec.target, spec.draft)
     settings = dict(CONFIGS[config])
 
     def run(n: int) -> tuple[int, int]:
-        runner.generate(**inputs, max_new_tokens=n, **settings)
-        return runner.last_stats.iterations, runner.last_stats.new_tokens
+        if batch_size == 1:
+            runner.generate(**inputs, max_new_tokens=n, **settings)
+            return runner.last_stats.iterations, runner.last_stats.new_tokens
+        # The rows are copies of one prompt: they decode in step, so a row's steps are the batch's.
+        rows = ((b, inputs) for b in range(batch_size))
+        results = list(runner.stream(rows, batch_size, max_new_tokens=n, **settings))
+        return max(r.stats.iterations for r in results), sum(r.stats.new_tokens for r in results)
 
     try:
         launches, reads, (steps, tokens) = _difference(counter, run, new_tokens)
     finally:
         counter.remove()
-    return Profile(policy, config, steps, tokens, _full(launches), _full(reads))
+    return Profile(_named(policy, batch_size), config, steps, tokens, _full(launches), _full(reads))
+
+
+def _named(method: str, batch_size: int) -> str:
+    return method if batch_size == 1 else f"{method}, B={batch_size}"
 
 
 def _full(counts: Counter) -> dict[str, float]:
     return {s: float(counts[s]) for s in SCOPES}
 
 
-def run_profile(spec: SpeculativeVLM, inputs: dict, new_tokens: int, policies=POLICIES, configs=tuple(CONFIGS)):
-    """Every policy under every config, and plain `generate` under each config, on one prompt."""
+def run_profile(
+    spec: SpeculativeVLM,
+    inputs: dict,
+    new_tokens: int,
+    policies=POLICIES,
+    configs=tuple(CONFIGS),
+    batch_size: int = 1,
+):
+    """Every policy under every config, and plain `generate` under each config, on one prompt (B copies of it)."""
     profiles = []
+    batch = inputs
+    if batch_size > 1:
+        pad = spec.processor.tokenizer.pad_token_id
+        batch = spec._target_runner.adapter.join_rows([inputs] * batch_size, pad)
     for config in configs:
         torch.manual_seed(0)
-        profiles.append(profile_generate(spec.target, inputs, new_tokens, config))
+        profiles.append(profile_generate(spec.target, batch, new_tokens, config))
         for policy in policies:
             torch.manual_seed(0)
-            profiles.append(profile_policy(spec, policy, inputs, new_tokens, config))
+            profiles.append(profile_policy(spec, policy, inputs, new_tokens, config, batch_size))
     return profiles
 
 

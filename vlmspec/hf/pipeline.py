@@ -2,11 +2,16 @@
 
 It is `transformers`' own `ImageTextToTextPipeline` (same call forms: `images=`/`text=`, chat messages,
 `max_new_tokens`, `return_full_text`; same output format) whose generation step runs `SpeculativeVLM.generate`,
-plus video: chat content entries `{"type": "video", "video": path_or_frames}`.
+plus video: chat content entries `{"type": "video", "video": path_or_frames}`. With `batch_size` above 1, a list or
+stream of inputs is decoded with continuous batching (`SpeculativeVLM.stream`): up to `batch_size` prompts in flight,
+the next preprocessed ahead on a background thread, outputs in input order, each exactly its batch-size-1 output.
 """
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from transformers import GenerationConfig, PreTrainedModel
@@ -53,6 +58,57 @@ class SpeculativeImageTextToTextPipeline(ImageTextToTextPipeline):
         return super().preprocess(
             inputs, timeout=timeout, continue_final_message=continue_final_message, **processing_kwargs
         )
+
+    def get_iterator(
+        self, inputs, num_workers: int, batch_size: int, preprocess_params, forward_params, postprocess_params
+    ):
+        """Lists and streams of inputs: one at a time as `transformers` runs them for `batch_size` 1, else through
+        continuous batching."""
+        if batch_size == 1:
+            return super().get_iterator(
+                inputs, num_workers, batch_size, preprocess_params, forward_params, postprocess_params
+            )
+        return self._batched(inputs, batch_size, preprocess_params, forward_params, postprocess_params)
+
+    def _batched(
+        self, inputs: Iterable, batch_size: int, preprocess_params, forward_params, postprocess_params
+    ) -> Iterator[Any]:
+        """Each input's output in input order, up to `batch_size` decoding at once; inputs are preprocessed (media
+        decoded) on a background thread, up to `batch_size` + 2 ahead."""
+        kwargs = forward_params.get("generate_kwargs") or {}
+        kwargs = self._prepare_generate_kwargs(kwargs, return_dict_in_generate=False)
+        prompts: dict[int, tuple[Any, Any]] = {}
+
+        def prepared() -> Iterator[tuple[int, dict[str, Any]]]:
+            with ThreadPoolExecutor(max_workers=1) as pool:
+                ahead: deque = deque()
+                source = iter(enumerate(inputs))
+                for index, item in source:
+                    ahead.append((index, pool.submit(self.preprocess, item, **preprocess_params)))
+                    if len(ahead) < batch_size + 2:
+                        continue
+                    yield self._prompt(*ahead.popleft(), prompts)
+                while ahead:
+                    yield self._prompt(*ahead.popleft(), prompts)
+
+        done: dict[int, Any] = {}
+        next_index = 0
+        for result in self.speculative.stream(prepared(), batch_size, **kwargs):
+            if result.error is not None:
+                raise result.error
+            done[result.key] = result.sequence
+            while next_index in done:
+                text, input_ids = prompts.pop(next_index)
+                output = {"generated_sequence": done.pop(next_index), "prompt_text": text, "input_ids": input_ids}
+                yield self.postprocess(output, **postprocess_params)
+                next_index += 1
+
+    @staticmethod
+    def _prompt(index: int, future: Any, prompts: dict[int, tuple[Any, Any]]) -> tuple[int, dict[str, Any]]:
+        """A preprocessed input as the scheduler takes it; its text and ids kept for the output."""
+        model_inputs = future.result()
+        prompts[index] = (model_inputs.pop("text"), model_inputs["input_ids"])
+        return index, dict(model_inputs)
 
     def _forward(self, model_inputs, generate_kwargs=None):
         generate_kwargs = self._prepare_generate_kwargs(generate_kwargs or {}, return_dict_in_generate=False)

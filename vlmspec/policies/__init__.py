@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import RankTreePlan, StepOutcome, TreePlan, TreePolicy
+from .base import BatchShape, RankTreePlan, StepOutcome, TreePlan, TreePolicy
 from .chain import ChainPolicy
 from .sage import AdaptiveTreePlan, SageConfig, SagePolicy
 from .sage_gt import CostAwareTreePlan, SageGtConfig, SageGtPolicy
@@ -34,6 +34,7 @@ def resolve_policy(policy: str | SageConfig | SageGtConfig | TreePolicy) -> Tree
 
 
 __all__ = [
+    "BatchShape",
     "AdaptiveTreePlan",
     "ChainPolicy",
     "CostAwareTreePlan",

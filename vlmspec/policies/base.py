@@ -7,6 +7,7 @@ or be a fixed set of rank paths (chain, static tree). A new policy is one file i
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -138,6 +139,25 @@ class RankTreePlan(TreePlan):
 
 
 @dataclass
+class BatchShape:
+    """What a step of many sequences decoded together fed the models and emitted, over all its rows.
+
+    `tree_tokens` is what the verification forward carried (rows x the largest tree, padding included), the draft's
+    `draft_forwards` carried `draft_tokens` (padding included); `emitted` tokens came out of the step, and contexts
+    are the rows' mean cache lengths. `first` marks the step's first row: what the rows share is recorded once.
+    """
+
+    rows: int
+    tree_tokens: int
+    draft_forwards: int
+    draft_tokens: int
+    emitted: int
+    target_context: int
+    draft_context: int
+    first: bool
+
+
+@dataclass
 class StepOutcome:
     """One finished draft-verify step, as a policy sees it.
 
@@ -164,6 +184,7 @@ class StepOutcome:
     statistics: list[float] | None = None
     tree_parents: list[int] | None = None
     tree_log_probs: list[float] | None = None
+    batch: BatchShape | None = None
 
 
 class TreePolicy(ABC):
@@ -175,6 +196,13 @@ class TreePolicy(ABC):
 
     def reset(self) -> None:
         """Forget everything learned before: called at the start of every continuation a `generate` call draws."""
+
+    def for_row(self) -> TreePolicy:
+        """The policy of one sequence in a batch: its own per-sequence state, fresh (by default a reset copy); a
+        policy that learns about the pair or the device shares that with the other rows."""
+        own = copy.deepcopy(self)
+        own.reset()
+        return own
 
     @abstractmethod
     def plan(self) -> TreePlan:

@@ -139,6 +139,30 @@ class CostAwareTreePlan(AdaptiveTreePlan):
         return gain > fixed + per_node * self._values.shape[0]
 
 
+class RateWindow:
+    """Tokens per second over the last `window` steps."""
+
+    def __init__(self, window: int):
+        self.window = window
+        self._steps: deque[tuple[int, float]] = deque()
+        self._tokens = 0
+        self._seconds = 0.0
+
+    @property
+    def rate(self) -> float | None:
+        return self._tokens / self._seconds if self._seconds > 0 else None
+
+    def add(self, tokens: int, seconds: float) -> None:
+        """Add a step, dropping the oldest beyond the window."""
+        self._steps.append((tokens, seconds))
+        self._tokens += tokens
+        self._seconds += seconds
+        if len(self._steps) > self.window:
+            old_tokens, old_seconds = self._steps.popleft()
+            self._tokens -= old_tokens
+            self._seconds -= old_seconds
+
+
 class SageGtPolicy(TreePolicy):
     """SAGE's trees sized by measured cost; what it learns (costs, calibration, rate) outlives each call."""
 
@@ -151,9 +175,9 @@ class SageGtPolicy(TreePolicy):
         self.sage = SagePolicy(c.sage)
         self.cost = CostModel(c.cost_window, c.cost_ridge)
         self.calibration = AcceptanceCalibration(c.calibration_bins, c.calibration_prior, c.calibration_memory)
-        self._rates: deque[tuple[int, float]] = deque()
-        self._rate_sums = [0, 0.0]
+        self.rates = RateWindow(c.rate_window)
         self._contexts = (0, 0)
+        self._rows = 1
         self._prediction: tuple[float, float] | None = None
         self._first_step = True
         self._steps = 0
@@ -162,6 +186,16 @@ class SageGtPolicy(TreePolicy):
     def reset(self) -> None:
         self.sage.reset()
         self._first_step = True
+
+    def for_row(self) -> SageGtPolicy:
+        """A row's policy: its own SAGE state and last tree; the cost model, the achieved rate (the batch's tokens
+        per second) and the acceptance calibration are the batch's, shared with every row and kept across calls. In
+        a batch a node costs what one more token of the whole batch's verification costs, at the batch's rate, and a
+        draft forward's fixed cost is shared by the rows it serves: as the batch fills and its forwards turn
+        compute-bound, trees shrink, down to plain decoding."""
+        row = SageGtPolicy(self.config)
+        row.cost, row.calibration, row.rates = self.cost, self.calibration, self.rates
+        return row
 
     @property
     def confidence(self) -> float | None:
@@ -174,8 +208,7 @@ class SageGtPolicy(TreePolicy):
     @property
     def rate(self) -> float | None:
         """Tokens per second over the recent steps (None before the first)."""
-        tokens, seconds = self._rate_sums
-        return tokens / seconds if seconds > 0 else None
+        return self.rates.rate
 
     @property
     def ready(self) -> bool:
@@ -193,7 +226,8 @@ class SageGtPolicy(TreePolicy):
         rate = self.rate
         target_context, draft_context = self._contexts
         fixed, per_node = self.cost.forward_seconds(draft_context)
-        forward_floor = (rate * fixed, rate * per_node)
+        # One draft forward serves every row of a batch: each row's level pays its share of the forward.
+        forward_floor = (rate * fixed / self._rows, rate * per_node)
         return CostAwareTreePlan(
             self.sage.width_for(self.sage.alpha),
             c.max_depth,
@@ -232,13 +266,13 @@ class SageGtPolicy(TreePolicy):
         return paying + 1
 
     def observe(self, step: StepOutcome) -> None:
-        tree = step.tree
+        tree, batch = step.tree, step.batch
         measured = StepCost(
-            tree_tokens=tree.size,
-            target_context=step.target_context,
-            draft_forwards=step.draft_forwards,
-            draft_tokens=step.draft_tokens,
-            draft_context=step.draft_context,
+            tree_tokens=tree.size if batch is None else batch.tree_tokens,
+            target_context=step.target_context if batch is None else batch.target_context,
+            draft_forwards=step.draft_forwards if batch is None else batch.draft_forwards,
+            draft_tokens=step.draft_tokens if batch is None else batch.draft_tokens,
+            draft_context=step.draft_context if batch is None else batch.draft_context,
             verify_seconds=step.verify_seconds,
             draft_seconds=step.draft_seconds,
         )
@@ -249,20 +283,12 @@ class SageGtPolicy(TreePolicy):
         if self.ready:
             expected = self.calibration.expected_accepted(parents, log_probs)
             self._prediction = (1.0 + expected, self.cost.predict(measured))
-        self.cost.add(measured)
+        if batch is None or batch.first:
+            self.cost.add(measured)
+            self.rates.add(step.accepted + 1 if batch is None else batch.emitted, step.seconds)
         self.calibration.observe(parents, log_probs, step.path)
-        self._record_rate(step.accepted + 1, step.seconds)
         self._contexts = (step.target_context + step.accepted + 1, step.draft_context + step.accepted + 1)
+        self._rows = 1 if batch is None else batch.rows
         self._first_step = False
         self._steps += 1
         self.sage.observe(step)
-
-    def _record_rate(self, tokens: int, seconds: float) -> None:
-        """Add a step to the rate window, dropping the oldest beyond `rate_window`."""
-        self._rates.append((tokens, seconds))
-        self._rate_sums[0] += tokens
-        self._rate_sums[1] += seconds
-        if len(self._rates) > self.config.rate_window:
-            old_tokens, old_seconds = self._rates.popleft()
-            self._rate_sums[0] -= old_tokens
-            self._rate_sums[1] -= old_seconds

@@ -20,6 +20,7 @@ import torch
 from PIL import Image
 from transformers import BatchFeature, ProcessorMixin
 
+from ..adapters import adapter_class_for_family
 from ..errors import MediaRejectedError, VLMSpecError
 from .frame_sampling import FrameSampling
 from .media import Video, load_video
@@ -27,6 +28,8 @@ from .prompt import chat_messages
 from .video_config import family_for, frame_sampling_for
 
 VIDEO_CONFIG_NAME = "video_preprocessor_config.json"
+#: A video as `VisualInputs` takes it: frames with their metadata, a path, or a frame array `(T, H, W, 3)`.
+VideoLike = Video | np.ndarray | str | os.PathLike
 
 
 class VideoPacker(Protocol):
@@ -68,7 +71,8 @@ def image_only(processor_class: type[ProcessorMixin]) -> type[ProcessorMixin]:
 
 
 class VisualInputs:
-    """Callable like a processor: `(text, images=..., videos=...)` -> the model's keyword inputs, batch size 1.
+    """Callable like a processor: `(text, images=..., videos=...)` -> the model's keyword inputs, batch size 1 (or
+    a left-padded batch for a list of prompts).
 
     With no `video_packer` the processor handles videos itself (where torchvision is installed).
     """
@@ -115,17 +119,58 @@ class VisualInputs:
 
     def __call__(
         self,
-        text: str,
-        images: Sequence[Image.Image] | None = None,
-        videos: Sequence[Video | np.ndarray | str | os.PathLike] | None = None,
+        text: str | list[str],
+        images: Sequence[Image.Image] | Sequence[Sequence[Image.Image]] | None = None,
+        videos: Sequence[VideoLike] | Sequence[Sequence[VideoLike]] | None = None,
         video_fps: float = 2.0,
     ) -> BatchFeature:
         """`videos` are `Video`s (frames with their metadata), paths (sampled by the family's rule) or frame arrays at
         `video_fps`.
+
+        For a list of prompts `images` and `videos` hold one list per prompt, and the result is the left-padded batch
+        the family's processor makes for the list, `(B, L)` token inputs plus every prompt's media (each row what the
+        prompt alone gives; `ModelAdapter.split_rows` takes it apart).
         """
+        if isinstance(text, str):
+            return self._prompt(text, images, videos, video_fps)
+        images = [[] for _ in text] if images is None else [list(row) for row in images]
+        videos = [[] for _ in text] if videos is None else [list(row) for row in videos]
+        if not len(text) == len(images) == len(videos):
+            raise ValueError(f"{len(text)} prompts need one list of images and one list of videos each")
+        if self.video_packer is not None:
+            rows = [self._prompt(t, i, v, video_fps) for t, i, v in zip(text, images, videos, strict=True)]
+            name = type(self.processor).__name__
+            adapter = adapter_class_for_family(family_for(name, self.video_packer.video_processor_config()))
+            if adapter is None:
+                raise ValueError(f"vlmspec cannot batch prompts for {name}: no registered adapter packs its video")
+            return BatchFeature(adapter.join_rows(rows, self.tokenizer.pad_token_id))
+        flat_images = [image for row in images for image in row]
+        flat_videos = [video for row in videos for video in self._load_videos(row, video_fps)]
+        video_kwargs = dict(
+            videos=[v.frames for v in flat_videos],
+            video_metadata=[v.metadata for v in flat_videos],
+            do_sample_frames=False,
+        )
+        return self.processor(
+            text=list(text),
+            images=flat_images or None,
+            **(video_kwargs if flat_videos else {}),
+            padding=True,
+            padding_side="left",
+            return_tensors="pt",
+        )
+
+    def _load_videos(self, videos: Sequence[VideoLike], video_fps: float) -> list[Video]:
+        """The videos' frames, sampled by the family's rule and padded to the fewest frames it takes."""
         sampling = self.frame_sampling if videos else None
         minimum = self.min_video_frames if videos else 1
-        videos = [load_video(v, source_fps=video_fps, sampling=sampling).padded(minimum) for v in videos or []]
+        return [load_video(v, source_fps=video_fps, sampling=sampling).padded(minimum) for v in videos]
+
+    def _prompt(
+        self, text: str, images: Sequence[Image.Image] | None, videos: Sequence[VideoLike] | None, video_fps: float
+    ) -> BatchFeature:
+        """One prompt's inputs, batch size 1."""
+        videos = self._load_videos(videos or [], video_fps)
         video_inputs: dict[str, torch.Tensor] = {}
         if videos and self.video_packer is None:
             return self.processor(

@@ -1,0 +1,152 @@
+"""Many sequences at once: every row of a batch decodes exactly as its own batch-size-1 `generate`, and as the
+target's own batched `generate` on the same padded batch, for every family, policy and kind of input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import FAMILIES, on_device
+
+from vlmspec import MemoryBudgetError, SpeculativeVLM
+
+#: Rows of different prompt lengths: text, an image, a video and a long prompt.
+ROWS = ("text", "image", "video", "long_prompt")
+NEW_TOKENS = 24
+
+
+def padded_batch(family, cases=ROWS) -> dict:
+    """The left-padded batch of `cases`, as the family's processor makes it for a list of prompts."""
+    adapter = SpeculativeVLM(family.target, family.target, "chain")._target_runner.adapter
+    rows = [family.cpu_cases[c] for c in cases]
+    return on_device(adapter.join_rows(rows, family.processor.tokenizer.pad_token_id))
+
+
+def early_eos(family, case: str = "image", at: int = 5) -> int:
+    """A token the target emits `at` tokens into `case`'s continuation: as EOS it stops that row early."""
+    reference = family.reference(case, NEW_TOKENS)
+    return int(reference[0, family.cases[case]["input_ids"].shape[1] + at])
+
+
+def assert_rows_equal_their_own_generate(family, batch: dict, out: torch.Tensor, cases, **kwargs) -> None:
+    """Each row of `out` is its prompt's own batch-1 `generate`, left-padded as in `batch`, then padded after EOS."""
+    pad = family.target.generation_config.pad_token_id
+    width = batch["input_ids"].shape[1]
+    for b, case in enumerate(cases):
+        alone = family.target.generate(**family.cases[case], do_sample=False, max_new_tokens=NEW_TOKENS, **kwargs)
+        prompt = family.cases[case]["input_ids"].shape[1]
+        row = out[b, width - prompt :]
+        assert torch.equal(row[: alone.shape[1]], alone[0]), case
+        if pad is not None:
+            assert bool((row[alone.shape[1] :] == pad).all()), case
+
+
+def test_every_row_of_a_padded_batch_equals_its_own_generate_and_the_targets_batched_generate(family):
+    batch = padded_batch(family)
+    eos = early_eos(family)
+    spec = SpeculativeVLM(family.target, family.drafts["noisy"], processor=family.processor)
+    out = spec.generate(**batch, do_sample=False, max_new_tokens=NEW_TOKENS, eos_token_id=eos)
+    batched = family.target.generate(**batch, do_sample=False, max_new_tokens=NEW_TOKENS, eos_token_id=eos)
+    assert torch.equal(out, batched)
+    assert_rows_equal_their_own_generate(family, batch, out, ROWS, eos_token_id=eos)
+
+
+@pytest.mark.parametrize("policy", ["chain", "static-tree", "sage", "sage-gt"])
+@pytest.mark.parametrize("pruning", ["verifier", None])
+def test_every_policy_decodes_a_padded_batch_exactly(policy, pruning):
+    family = FAMILIES["qwen2_5_vl"]
+    cases = ("two_images", "video", "text")
+    batch = padded_batch(family, cases)
+    spec = SpeculativeVLM(family.target, family.drafts["independent"], policy, pruning=pruning)
+    out = spec.generate(**batch, do_sample=False, max_new_tokens=NEW_TOKENS)
+    assert_rows_equal_their_own_generate(family, batch, out, cases)
+
+
+def test_a_batch_of_one_padded_row_decodes_as_the_row_alone(qwen):
+    batch = padded_batch(qwen, ("long_prompt", "image"))
+    row = {k: v[1:] if k in ("input_ids", "attention_mask", "mm_token_type_ids") else v for k, v in batch.items()}
+    row["pixel_values"] = batch["pixel_values"][-qwen.cases["image"]["pixel_values"].shape[0] :]
+    row["image_grid_thw"] = batch["image_grid_thw"][-1:]
+    spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"])
+    out = spec.generate(**row, do_sample=False, max_new_tokens=NEW_TOKENS)
+    assert torch.equal(out, qwen.target.generate(**row, do_sample=False, max_new_tokens=NEW_TOKENS))
+
+
+def test_stream_decodes_each_prompt_as_its_own_generate_with_its_own_budget(family):
+    spec = SpeculativeVLM(family.target, family.drafts["noisy"], "sage")
+    budgets = {case: 4 + 6 * i for i, case in enumerate(ROWS)}
+    items = [(case, family.cases[case], {"max_new_tokens": budgets[case]}) for case in ROWS] * 2
+    results = list(spec.stream(items, batch_size=3, do_sample=False))
+    assert len(results) == 2 * len(ROWS)
+    for result in results:
+        assert result.error is None
+        expected = family.target.generate(
+            **family.cases[result.key], do_sample=False, max_new_tokens=budgets[result.key]
+        )
+        assert torch.equal(result.sequence, expected), result.key
+        assert result.stats.new_tokens == expected.shape[1] - family.cases[result.key]["input_ids"].shape[1]
+
+
+def test_a_finished_row_stops_costing(qwen):
+    spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"], "chain")
+    rows: list[int] = []
+    hook = qwen.target.register_forward_pre_hook(
+        lambda _, args, kwargs: rows.append(kwargs["input_ids"].shape[0]), with_kwargs=True
+    )
+    try:
+        items = [
+            ("short", qwen.cases["text"], {"max_new_tokens": 3}),
+            ("long", qwen.cases["image"], {"max_new_tokens": 30}),
+        ]
+        keys = [r.key for r in spec.stream(items, batch_size=2, do_sample=False)]
+    finally:
+        hook.remove()
+    assert keys == ["short", "long"]
+    decoding = [b for b in rows[2:]]
+    assert 2 in decoding and decoding[-1] == 1
+    assert decoding == sorted(decoding, reverse=True)
+
+
+def test_sampled_batches_repeat_with_the_same_seed(qwen):
+    batch = padded_batch(qwen, ("image", "video", "text"))
+    spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"])
+    draws = [
+        spec.generate(**batch, do_sample=True, max_new_tokens=12, generator=torch.Generator().manual_seed(7))
+        for _ in range(2)
+    ]
+    assert torch.equal(draws[0], draws[1])
+
+
+def test_a_prompt_too_large_for_the_kv_budget_fails_alone(qwen):
+    spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"])
+    items = [("long", qwen.cases["long_prompt"]), ("short", qwen.cases["text"])]
+    results = {r.key: r for r in spec.stream(items, kv_budget_gb=4e-4, do_sample=False, max_new_tokens=8)}
+    assert isinstance(results["long"].error, MemoryBudgetError)
+    assert "kv_budget_gb" in str(results["long"].error)
+    expected = qwen.target.generate(**qwen.cases["text"], do_sample=False, max_new_tokens=8)
+    assert torch.equal(results["short"].sequence, expected)
+
+
+def test_rows_wait_for_room_in_the_kv_budget_and_still_decode_exactly(qwen):
+    spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"])
+    items = [(case, qwen.cases[case]) for case in ("text", "image", "video")]
+    in_flight: list[int] = []
+    hook = qwen.target.register_forward_pre_hook(
+        lambda _, args, kwargs: in_flight.append(kwargs["input_ids"].shape[0]), with_kwargs=True
+    )
+    try:
+        results = list(spec.stream(items, batch_size=3, kv_budget_gb=3e-4, do_sample=False, max_new_tokens=8))
+    finally:
+        hook.remove()
+    assert max(in_flight) == 1
+    for result in results:
+        assert torch.equal(
+            result.sequence, qwen.target.generate(**qwen.cases[result.key], do_sample=False, max_new_tokens=8)
+        )
+
+
+def test_a_streamer_with_a_batch_is_refused(qwen):
+    from transformers import TextStreamer
+
+    spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"])
+    with pytest.raises(ValueError, match="streamer"):
+        spec.generate(**padded_batch(qwen, ("text", "image")), streamer=TextStreamer(qwen.processor.tokenizer))

@@ -1,0 +1,370 @@
+"""Many sequences decoded together: each row drafts its own tree, one target forward verifies every row's tree.
+
+A row is one prompt (prefilled alone, pruned by its own verifier scores) with its own policy state, token sink and
+stopping. Every step, the rows' trees grow level by level through one batched draft forward per level, are padded
+to a common size and verified by one target forward; acceptance runs per row on the device and all rows' results
+are read at once. A finished row leaves the batch at once and, while inputs remain, the next one is admitted in
+its place (continuous batching).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from ..policies import BatchShape, StepOutcome, TreePlan, TreePolicy
+from ..pruning import PruningConfig
+from .draft import Drafted, Drafter, DraftForward
+from .loop import DecodeSettings, Prefilled, SpeculativeDecoder, TokenSink
+from .report import PackedStep, StepReport, emitted_tokens, pack_step, unpack_step
+from .row_runner import RowForward, RowRunner
+from .runner import ModelRunner
+from .stats import PhaseTimer, SpecStats, StepRecord
+from .tree import DraftTree
+
+
+@dataclass
+class RowRequest:
+    """One sequence to decode: its own (unpadded) inputs for each model, the ids its output starts with (`prompt`
+    (1, P): a padded batch's row keeps its padding there) and how to decode it. `key` names it in the results."""
+
+    key: Any
+    target_inputs: dict[str, Any]
+    draft_inputs: dict[str, Any]
+    prompt: torch.Tensor
+    settings: DecodeSettings | None
+    error: Exception | None = None
+
+    @property
+    def positions(self) -> int:
+        """The most positions its sequence can reach (prompt and token budget)."""
+        return self.prompt.shape[1] + self.settings.max_new_tokens
+
+
+@dataclass
+class RowResult:
+    """A finished sequence: `sequence` (1, P + n) is the prompt then its new tokens, `stats` its own statistics; or
+    the `error` it failed with (then both are None)."""
+
+    key: Any
+    sequence: torch.Tensor | None
+    stats: SpecStats | None
+    error: Exception | None = None
+
+
+class _Row:
+    """A sequence in flight: its request, emitted tokens, policy state, drafter and the tokens the draft has not
+    seen yet."""
+
+    def __init__(self, request: RowRequest, policy: TreePolicy, drafter: Drafter):
+        self.request = request
+        self.settings = request.settings
+        self.sink = TokenSink(request.prompt, request.settings, None)
+        self.policy = policy
+        self.drafter = drafter
+        self.stats = SpecStats()
+        self.started = time.perf_counter()
+        self.pending: torch.Tensor | None = None
+
+    def result(self) -> RowResult:
+        self.stats.new_tokens = self.sink.new_tokens
+        self.stats.finish(time.perf_counter() - self.started)
+        return RowResult(self.request.key, self.sink.sequence, self.stats)
+
+
+class BatchDecoder:
+    """Lossless tree speculative decoding of many prompts, up to `batch_size` of them in flight at once."""
+
+    def __init__(
+        self,
+        target: ModelRunner,
+        draft: ModelRunner,
+        policy: TreePolicy,
+        vocab_limit: int,
+        pruning: PruningConfig | None = None,
+        draft_input_limit: int | None = None,
+    ):
+        self.single = SpeculativeDecoder(target, draft, policy, vocab_limit, pruning, draft_input_limit)
+        self.policy = policy
+        self.vocab_limit = vocab_limit
+        self.draft_input_limit = draft_input_limit or vocab_limit
+        self.stats = SpecStats()
+        self._shared: tuple[dict[str, Any], Prefilled] | None = None
+
+    def run(
+        self,
+        requests: Iterable[RowRequest],
+        batch_size: int,
+        admit: Callable[[list[int], int], bool] | None = None,
+    ) -> Iterator[RowResult]:
+        """Decode `requests`, keeping up to `batch_size` in flight; yields each as it finishes (not in input order).
+
+        `admit(in_flight, positions)` may refuse another row of `positions` beside rows of `in_flight` positions (a
+        memory budget); a refused request waits until a row finishes. A request carrying an `error`, or failing in
+        its prefill, is yielded as failed and the others go on. `stats` holds the batch's phase times afterwards.
+        """
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        single = self.single
+        target = RowRunner(single.target.adapter, batch_size)
+        draft = RowRunner(single.draft.adapter, batch_size)
+        rows: list[_Row] = []
+        self.stats = SpecStats()
+        timer = PhaseTimer(self.stats, target.device)
+        source = iter(requests)
+        waiting: RowRequest | None = None
+        exhausted = False
+        try:
+            while True:
+                while len(rows) < batch_size and not exhausted:
+                    request = waiting if waiting is not None else next(source, None)
+                    waiting = None
+                    if request is None:
+                        exhausted = True
+                        break
+                    if request.error is not None:
+                        yield RowResult(request.key, None, None, request.error)
+                        continue
+                    in_flight = [row.request.positions for row in rows]
+                    if rows and admit is not None and not admit(in_flight, request.positions):
+                        waiting = request
+                        break
+                    try:
+                        row = self._admit(request, target, draft)
+                    except Exception as error:  # noqa: BLE001 - a prompt that cannot be prefilled fails alone
+                        target.discard(len(rows))
+                        draft.discard(len(rows))
+                        yield RowResult(request.key, None, None, error)
+                        continue
+                    if row.sink.finished:
+                        yield row.result()
+                    else:
+                        rows.append(row)
+                if not rows:
+                    timer.collect(wait=True)
+                    return
+                self._step(rows, target, draft, timer)
+                done = [b for b, row in enumerate(rows) if row.sink.finished]
+                if done:
+                    order = target.drop(done)
+                    draft.drop(done)
+                    finished = [rows[b] for b in done]
+                    rows = [rows[b] for b in order]
+                    for row in finished:
+                        yield row.result()
+        finally:
+            self._release()
+
+    def _admit(self, request: RowRequest, target: RowRunner, draft: RowRunner) -> _Row:
+        """Prefill a request alone (both models, pruning by its own verifier scores), emit its first token and, unless
+        that ends it, take its caches into the batch. Requests sharing their inputs (several draws of one prompt, one
+        after another) share one prefill."""
+        single, settings = self.single, request.settings
+        row = _Row(request, self.policy.for_row(), Drafter(draft, self.vocab_limit, self.draft_input_limit))
+        if row.sink.finished:
+            return row
+        timer = PhaseTimer(row.stats, single.target.device)
+        if self._shared is not None and self._shared[0] is request.target_inputs:
+            prefill = self._shared[1]
+        else:
+            self._shared = None
+            prefill = Prefilled(request.target_inputs, request.draft_inputs, settings.max_new_tokens)
+            single.prefill_target(prefill, row.stats, timer)
+            self._shared = (request.target_inputs, prefill)
+        first = settings.sampler.first(prefill.logits, row.sink.sequence)
+        row.sink.emit(first[None])
+        if row.sink.finished:
+            return row
+        if prefill.draft_length is None:
+            single.prefill_draft(prefill, row.stats, timer)
+        timer.collect(wait=True)
+        target.append(single.target, settings.max_new_tokens)
+        draft.append(single.draft, settings.max_new_tokens)
+        row.pending = first[None].to(draft.device)
+        return row
+
+    def _release(self) -> None:
+        """Let go of the last prompt's caches (the batch-1 runners keep them only to share a prefill)."""
+        self._shared = None
+        self.single.target.cache = None
+        self.single.draft.cache = None
+
+    def _step(self, rows: list[_Row], target: RowRunner, draft: RowRunner, timer: PhaseTimer) -> None:
+        """One draft -> verify -> accept -> commit step of every row."""
+        step_started = time.perf_counter()
+        plans = [row.policy.plan() for row in rows]
+        draft_starts, target_starts = list(draft.lengths), list(target.lengths)
+        with timer("drafting"):
+            drafted, draft_forwards, draft_tokens = self._draft(rows, plans, draft)
+        trees = [d.tree.to(target.device) for d in drafted]
+        with timer("verification"):
+            requests = [RowForward(t.tokens, t.depths, t.ancestors, target_starts[b]) for b, t in enumerate(trees)]
+            logits = target.forward(requests)
+        with timer("acceptance"):
+            reports = self._accept(rows, trees, logits, drafted)
+            timer.collect()
+        with timer("tree_update"):
+            fed = [row.pending.shape[0] for row in rows]
+            self._commit(rows, reports, drafted, target, draft, target_starts, draft_starts, fed)
+        shape = BatchShape(
+            rows=len(rows),
+            tree_tokens=len(rows) * max(t.size for t in trees),
+            draft_forwards=draft_forwards,
+            draft_tokens=draft_tokens,
+            emitted=sum(report.count for _, _, report in reports),
+            target_context=sum(target_starts) // len(rows),
+            draft_context=(sum(draft_starts) + sum(fed)) // len(rows),
+            first=True,
+        )
+        for b, row in enumerate(rows):
+            verdict, tokens, report = reports[b]
+            contexts = (draft_starts[b] + fed[b], target_starts[b])
+            batch = shape if len(rows) > 1 else None
+            self._observe(row, plans[b], drafted[b], trees[b], report, timer, step_started, contexts, batch)
+            shape = replace(shape, first=False)
+            row.sink.take(tokens, report)
+
+    def _draft(self, rows: list[_Row], plans: list[TreePlan], draft: RowRunner) -> tuple[list[Drafted], int, int]:
+        """Grow every row's tree, one batched draft forward per level (rows whose tree is done feed nothing); returns
+        the trees, the draft forwards and the tokens they carried (padding included)."""
+        lengths = draft.lengths
+        growing = []
+        for b, row in enumerate(rows):
+            sink, settings = row.sink, row.settings
+            depth = settings.max_new_tokens - sink.new_tokens - 1
+            growing.append(
+                row.drafter.steps(row.pending, plans[b], sink.sequence, lengths[b], settings.draft_processing, depth)
+            )
+        requests: list[DraftForward | None] = [next(steps) for steps in growing]
+        drafted: list[Drafted | None] = [None] * len(rows)
+        forwards = tokens = 0
+        while any(r is not None for r in requests):
+            forwards += 1
+            tokens += len(rows) * max(r.tokens.shape[0] for r in requests if r is not None)
+            fed = [None if r is None else RowForward(r.tokens, r.depths, r.visible, r.root_index) for r in requests]
+            logits = draft.forward(fed)
+            for b, steps in enumerate(growing):
+                if requests[b] is None:
+                    continue
+                try:
+                    requests[b] = steps.send(logits[b])
+                except StopIteration as grown:
+                    drafted[b], requests[b] = grown.value, None
+        return drafted, forwards, tokens
+
+    def _accept(
+        self, rows: list[_Row], trees: list[DraftTree], logits: list[torch.Tensor], drafted: list[Drafted]
+    ) -> list[tuple[Any, torch.Tensor, StepReport]]:
+        """Accept on the device row by row and read every row's results at once; rows whose sampled verdict is in
+        doubt are drawn again from the full rows (a second read, only then)."""
+        results: list[Any] = [None] * len(rows)
+        todo = list(range(len(rows)))
+        for compact in (True, False):
+            packed: list[tuple[int, Any, torch.Tensor, PackedStep]] = []
+            for b in todo:
+                row, tree = rows[b], trees[b]
+                statistics = row.policy.statistics(drafted[b].root_log_probs)
+                verdict = row.settings.sampler.accept(tree, logits[b], row.sink.sequence, compact)
+                tokens = emitted_tokens(tree, verdict)
+                step = pack_step(
+                    tree,
+                    verdict,
+                    tokens,
+                    row.settings.eos_token_ids,
+                    row.sink.room,
+                    drafted[b].greedy_depth,
+                    statistics,
+                    row.policy.reads_tree,
+                )
+                packed.append((b, verdict, tokens, step))
+            values = torch.cat([step.values.to(trees[0].tokens.device) for *_, step in packed]).tolist()
+            todo, offset = [], 0
+            for b, verdict, tokens, step in packed:
+                report = unpack_step(values[offset : offset + step.values.shape[0]], step)
+                offset += step.values.shape[0]
+                results[b] = (verdict, tokens, report)
+                if report.doubt and compact:
+                    todo.append(b)
+            if not todo:
+                break
+        return results
+
+    def _commit(
+        self,
+        rows: list[_Row],
+        reports: list[tuple[Any, torch.Tensor, StepReport]],
+        drafted: list[Drafted],
+        target: RowRunner,
+        draft: RowRunner,
+        target_starts: list[int],
+        draft_starts: list[int],
+        fed: list[int],
+    ) -> None:
+        """Keep each row's accepted path in both caches and set the tokens its draft has not seen yet."""
+        target_keeps, draft_keeps = [], []
+        for b, row in enumerate(rows):
+            verdict, tokens, report = reports[b]
+            accepted = report.accepted
+            target_keeps.append(verdict.path[: accepted + 1])
+            in_draft = min(accepted, drafted[b].cached_depth)
+            draft_path = verdict.path[1 : in_draft + 1].to(draft.device)
+            if drafted[b].slots is not None:
+                draft_path = drafted[b].slots[draft_path]
+            draft_keeps.append(torch.cat([torch.arange(fed[b], device=draft.device), draft_path + (fed[b] - 1)]))
+            row.pending = tokens[in_draft : accepted + 1].to(draft.device)
+        target.keep(target_starts, target_keeps)
+        draft.keep(draft_starts, draft_keeps)
+
+    def _observe(
+        self,
+        row: _Row,
+        plan: TreePlan,
+        drafted: Drafted,
+        tree: DraftTree,
+        report: StepReport,
+        timer: PhaseTimer,
+        step_started: float,
+        contexts: tuple[int, int],
+        batch: BatchShape | None,
+    ) -> None:
+        """A row's policy learns from its step (the batch's step times are its times, `batch` what the whole step fed
+        and emitted; None when the row ran alone) and its statistics record it."""
+        policy = row.policy
+        policy.observe(
+            StepOutcome(
+                root_log_probs=drafted.root_log_probs,
+                accepted=report.accepted,
+                tree=drafted.tree,
+                path=report.path,
+                draft_forwards=drafted.forwards,
+                draft_tokens=drafted.fed_tokens,
+                draft_context=contexts[0],
+                target_context=contexts[1],
+                draft_seconds=timer.last["drafting"],
+                verify_seconds=timer.last["verification"],
+                seconds=time.perf_counter() - step_started,
+                statistics=report.statistics,
+                tree_parents=report.tree_parents,
+                tree_log_probs=report.tree_log_probs,
+                batch=batch,
+            )
+        )
+        predicted = policy.prediction
+        row.stats.steps.append(
+            StepRecord(
+                alpha=policy.confidence,
+                depth=plan.depth,
+                width=plan.width,
+                nodes=tree.size - 1,
+                accepted=report.accepted,
+                tree_depth=tree.depth,
+                greedy_depth=report.greedy_depth,
+                seconds=timer.last["drafting"] + timer.last["verification"],
+                predicted_tokens=None if predicted is None else predicted[0],
+                predicted_seconds=None if predicted is None else predicted[1],
+            )
+        )

@@ -1,0 +1,174 @@
+"""The KV cache of a batch of sequences decoded together: one slab per device, each row with its own length.
+
+Rows are independent sequences: each holds its keys from index 0 up to its own length, and a forward writes every
+row's new keys at that row's length on. The slab has a slot per row the batch may hold; the rows in flight are the
+first slots, so forwards run over them alone. Keeping a step's accepted paths is one gather over all layers per
+device; a prefilled sequence is copied into the next free slot, and a finished row's slot takes the last row.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from .cache import SlabCache
+
+
+class _RowLayer(CacheLayerMixin):
+    """One layer of a `RowCache`: writes each row's new keys at that row's write positions, returns the keys up to the
+    forward's span (the longest row's end)."""
+
+    is_sliding = False
+    is_compileable = False
+
+    def __init__(self, cache: RowCache, index: int):
+        super().__init__()
+        self.cache = cache
+        self.index = index
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.is_initialized = True
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        keys, values = self.cache.layer_slab(self.index)
+        index = self.cache.write_index(key_states.device)[:, None, :, None].expand_as(key_states)
+        keys.scatter_(2, index, key_states)
+        values.scatter_(2, index, value_states)
+        span = self.cache.span
+        return keys[:, :, :span], values[:, :, :span]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.cache.span, 0
+
+    def get_seq_length(self) -> int:
+        return max(self.cache.lengths, default=0)
+
+    def get_max_length(self) -> int:
+        return self.cache.capacity
+
+
+class RowCache(Cache):
+    """Keys and values of all layers for B rows, `(2 * layers there, B, kv heads, capacity, head dim)` per device.
+
+    `lengths` (host) are the rows' cached positions. Before a forward, `prepare(counts)` sets where each row writes
+    its `q` fed tokens (from its length on; a row feeding fewer writes its padding past its own end, where nothing
+    reads it) and the span the forward attends over; `commit(counts)` takes the first `counts[b]` in.
+    """
+
+    def __init__(self, layer_devices: list[torch.device], slots: int = 1):
+        self.slots = slots
+        self.layer_devices = [torch.device(d) for d in layer_devices]
+        super().__init__(layers=[_RowLayer(self, i) for i in range(len(layer_devices))])
+        devices = sorted(set(self.layer_devices), key=str)
+        self._members = {d: [i for i, ld in enumerate(self.layer_devices) if ld == d] for d in devices}
+        self._place = {i: members.index(i) for members in self._members.values() for i in members}
+        self._slabs: dict[torch.device, torch.Tensor] = {}
+        self.lengths: list[int] = []
+        self.capacity = 0
+        self.span = 0
+        self._write: torch.Tensor | None = None
+        self._writes: dict[torch.device, torch.Tensor] = {}
+
+    @property
+    def rows(self) -> int:
+        return len(self.lengths)
+
+    def layer_slab(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer `index`'s full-capacity keys and values of the rows in flight `(B, kv heads, capacity, head dim)`."""
+        slab = self._slabs[self.layer_devices[index]]
+        place, rows = 2 * self._place[index], self.rows
+        return slab[place, :rows], slab[place + 1, :rows]
+
+    def write_index(self, device: torch.device) -> torch.Tensor:
+        """`(B, q)`: the cache index each fed token of each row is written at, on `device`."""
+        index = self._writes.get(device)
+        if index is None:
+            index = self._writes[device] = self._write.to(device)
+        return index
+
+    def prepare(self, q: int) -> None:
+        """Make room for `q` more tokens in every row and point the next forward's writes at the rows' ends."""
+        end = max(self.lengths) + q
+        self.reserve(end)
+        device = next(iter(self._slabs.values())).device
+        lengths = torch.tensor(self.lengths, device=device)
+        self._write = lengths[:, None] + torch.arange(q, device=device)
+        self._writes = {device: self._write}
+        self.span = end
+
+    def commit(self, counts: list[int]) -> None:
+        """Take in the first `counts[b]` tokens each row fed to the last forward."""
+        self.lengths = [length + count for length, count in zip(self.lengths, counts, strict=True)]
+
+    def reserve(self, end: int) -> None:
+        """Grow every slab (by doubling at least) so each row can hold `end` positions."""
+        if end <= self.capacity:
+            return
+        capacity = max(end, 2 * self.capacity)
+        for device, slab in self._slabs.items():
+            slab = slab[:, : self.rows]
+            grown = slab.new_zeros(slab.shape[0], self.slots, slab.shape[2], capacity, slab.shape[4])
+            grown[:, : self.rows, :, : self.capacity].copy_(slab)
+            self._slabs[device] = grown
+        self.capacity = capacity
+
+    def append(self, source: SlabCache, room: int) -> int:
+        """Take in a prefilled sequence (the batch-1 `source`) as a new last row with `room` more positions to come;
+        returns its row index."""
+        length, row = source.length, self.rows
+        self.reserve(length + room)
+        for device, slab in source._slabs.items():
+            own = self._slabs.get(device)
+            if own is None or own.shape[1] <= row:
+                own = self._slabs[device] = self._with_slots(own, slab, max(self.slots, row + 1))
+            own[:, row, :, :length].copy_(slab[:, 0, :, :length])
+        self.lengths.append(length)
+        return row
+
+    def _with_slots(self, own: torch.Tensor | None, like: torch.Tensor, slots: int) -> torch.Tensor:
+        """A slab with `slots` rows at the current capacity, holding `own`'s rows."""
+        shape = (like.shape[0], slots, like.shape[2], self.capacity, like.shape[4])
+        grown = like.new_zeros(shape)
+        if own is not None:
+            grown[:, : own.shape[1]].copy_(own)
+        self.slots = slots
+        return grown
+
+    def drop(self, rows: list[int]) -> list[int]:
+        """Remove `rows` (finished sequences) so later forwards cost nothing for them: each freed slot takes the last
+        row in flight. Returns the new order as old row indices."""
+        order = list(range(self.rows))
+        # Highest first: the last slot then always holds a row that stays.
+        for row in sorted(set(rows), reverse=True):
+            last = len(order) - 1
+            if row != last:
+                length = self.lengths[order[last]]
+                for slab in self._slabs.values():
+                    slab[:, row, :, :length].copy_(slab[:, last, :, :length])
+                order[row] = order[last]
+            order.pop()
+        self.lengths = [self.lengths[b] for b in order]
+        return order
+
+    def keep(self, starts: list[int], keeps: list[torch.Tensor]) -> None:
+        """In each row b, of the entries from `starts[b]` on keep those at offsets `keeps[b]` (ascending), moved to
+        `starts[b]`; the row's length becomes `starts[b] + len(keeps[b])`. One gather and one scatter per device."""
+        width = max((k.shape[0] for k in keeps), default=0)
+        if width:
+            device = keeps[0].device
+            offsets = torch.zeros(self.rows, width, dtype=torch.long, device=device)
+            for b, kept in enumerate(keeps):
+                offsets[b, : kept.shape[0]] = kept
+            begin = torch.tensor(starts, device=device)[:, None]
+            source = begin + offsets
+            target = begin + torch.arange(width, device=device)
+            rows = torch.arange(self.rows, device=device)[:, None]
+            for slab in self._slabs.values():
+                view = (
+                    slab[:, : self.rows].transpose(2, 3).transpose(0, 2)
+                )  # (capacity, B, 2L, H, D) over the same storage
+                r, s, t = rows.to(slab.device), source.to(slab.device), target.to(slab.device)
+                view[t, r] = view[s, r].clone()
+        self.lengths = [start + k.shape[0] for start, k in zip(starts, keeps, strict=True)]

@@ -1,0 +1,103 @@
+"""One model decoding B sequences together: every row feeds its own tokens, one forward runs them all."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..adapters import ModelAdapter
+from ..attention import tree_attention
+from .cache import TREE_ROOM
+from .row_cache import RowCache
+from .runner import ModelRunner
+
+
+@dataclass
+class RowForward:
+    """What one row feeds a forward: `tokens` (q,) at `depths` (q,) past the cache index `base_index`, each seeing
+    every key of the row before its last k and, of those k (its own and earlier levels'), the ones `visible` (q, k)
+    marks."""
+
+    tokens: torch.Tensor
+    depths: torch.Tensor
+    visible: torch.Tensor
+    base_index: int
+
+
+class RowRunner:
+    """A model over a `RowCache`: rows come in prefilled (from a batch-1 `ModelRunner`), feed padded forwards together
+    and leave when finished. The token at row b's cache index i sits at position `i + offsets[b]`."""
+
+    def __init__(self, adapter: ModelAdapter, slots: int = 1):
+        self.adapter = adapter
+        self.cache = RowCache(adapter.layer_devices(), slots)
+        self.offsets: list[int] = []
+        self.refresh()
+
+    def refresh(self) -> None:
+        self.device = self.adapter.device
+        self.dtype = self.adapter.dtype
+
+    @property
+    def lengths(self) -> list[int]:
+        return self.cache.lengths
+
+    def append(self, prefilled: ModelRunner, room: int) -> int:
+        """Take in the sequence `prefilled` holds (its cache and positions), with `room` more tokens (and a tree's) to
+        come; returns its row."""
+        self.offsets.append(prefilled.offset)
+        return self.cache.append(prefilled.cache, room + TREE_ROOM)
+
+    def discard(self, rows: int) -> None:
+        """Forget every row from index `rows` on (what a failed admission may have left)."""
+        if self.cache.rows > rows:
+            self.drop(list(range(rows, self.cache.rows)))
+
+    def drop(self, rows: list[int]) -> list[int]:
+        """Remove finished rows (a freed slot takes the last row); returns the new order as old row indices."""
+        order = self.cache.drop(rows)
+        self.offsets = [self.offsets[b] for b in order]
+        return order
+
+    def forward(self, requests: list[RowForward | None]) -> list[torch.Tensor | None]:
+        """Run every row's request in one forward (rows with None feed padding that is never kept); returns each
+        row's logits `(q_b, V)` (None where it fed nothing). Each row's fed tokens enter its cache."""
+        cache, device = self.cache, self.device
+        counts = [0 if r is None else r.tokens.shape[0] for r in requests]
+        q = max(counts)
+        cache.prepare(q)
+        rows = len(requests)
+        tokens = torch.zeros(rows, q, dtype=torch.long, device=device)
+        positions = torch.zeros(rows, q, dtype=torch.long, device=device)
+        visible = torch.zeros(rows, q, cache.span, dtype=torch.bool, device=device)
+        for b, request in enumerate(requests):
+            length = cache.lengths[b]
+            if request is None:
+                visible[b, :, :length] = True
+                continue
+            n, width = counts[b], request.visible.shape[1]
+            tokens[b, :n] = request.tokens
+            positions[b, :n] = request.depths + (request.base_index + self.offsets[b])
+            block = length + n - width
+            visible[b, :, :block] = True
+            visible[b, :n, block : length + n] = request.visible
+        mask = torch.zeros(visible.shape, dtype=self.dtype, device=device)
+        mask.masked_fill_(visible.logical_not(), torch.finfo(self.dtype).min)
+        position_ids = self.adapter.position_ids(positions.reshape(-1))
+        position_ids = position_ids.reshape(*position_ids.shape[:-2], rows, q)
+        with tree_attention(self.adapter.language_model.config):
+            out = self.adapter.model(
+                input_ids=tokens,
+                position_ids=position_ids,
+                attention_mask=mask[:, None],
+                past_key_values=cache,
+                use_cache=True,
+            )
+        cache.commit(counts)
+        logits = out.logits.to(device)
+        return [None if n == 0 else logits[b, :n] for b, n in enumerate(counts)]
+
+    def keep(self, starts: list[int], keeps: list[torch.Tensor]) -> None:
+        """In each row, of the entries from `starts[b]` on keep those at offsets `keeps[b]` (ascending)."""
+        self.cache.keep(starts, [k.to(self.device) for k in keeps])

@@ -1,0 +1,143 @@
+"""`vlmspec bench --batch-size 1,4,...`: many sequences at once, against plain batched `generate` at each batch size.
+
+Every batch size runs the same items in the same process. Plain `generate` decodes them in left-padded batches of B
+(as a captioning script would: each batch runs until its longest row ends); vlmspec's methods keep B sequences in
+flight with `SpeculativeVLM.stream` (a finished row's slot takes the next item). Tokens per second count each item's
+new tokens up to its EOS. Exact match is per item: its ids against plain `generate` at batch size 1.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from ..speculative import SpeculativeVLM
+from .bench import _SPEC_METHODS, suite_inputs
+
+BATCH_METHODS = ("chain", "sage", "sage-gt")
+
+
+def new_tokens(row: torch.Tensor, prompt_length: int, eos_token_ids: set[int]) -> torch.Tensor:
+    """A sequence's new tokens, up to and including its first EOS (what follows is padding)."""
+    new = row[prompt_length:]
+    for i, token in enumerate(new.tolist()):
+        if token in eos_token_ids:
+            return new[: i + 1]
+    return new
+
+
+def run_batch_bench(
+    spec: SpeculativeVLM,
+    suite: str,
+    methods: list[str],
+    n: int,
+    max_new_tokens: int,
+    batch_sizes: list[int],
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Tokens per second of plain batched `generate` and of each method at every batch size (greedy decoding)."""
+    unknown = [m for m in methods if m not in BATCH_METHODS]
+    if unknown:
+        raise ValueError(f"unknown methods for a batched bench {unknown}; choose from {', '.join(BATCH_METHODS)}")
+    target = spec.target
+    adapter = spec._target_runner.adapter
+    pad = spec.processor.tokenizer.pad_token_id
+    eos = target.generation_config.eos_token_id
+    eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    inputs = suite_inputs(spec.processor, suite, n)
+    device = target.device
+    generation = dict(do_sample=False, max_new_tokens=max_new_tokens)
+    runners = {m: spec.with_options(*_SPEC_METHODS[m]) for m in methods}
+    bar = tqdm(total=len(batch_sizes) * (1 + len(methods)) + 1, desc=f"batched bench {suite}", disable=not progress)
+    # Warm-up (not timed): one batch of each kind, so first-call costs fall on none of the timed runs.
+    _plain(target, adapter, inputs[: max(batch_sizes)], max(batch_sizes), pad, device, generation)
+    for runner in runners.values():
+        list(runner.stream(((i, item) for i, item in enumerate(inputs[:2])), batch_size=2, **generation))
+    bar.update()
+    references: list[torch.Tensor] = []
+    table: dict[str, dict[int, dict[str, float]]] = {"generate": {}, **{m: {} for m in methods}}
+    for size in batch_sizes:
+        start = time.perf_counter()
+        outputs = _plain(target, adapter, inputs, size, pad, device, generation)
+        seconds = time.perf_counter() - start
+        rows = [new_tokens(out, item["input_ids"].shape[1], eos_ids) for out, item in zip(outputs, inputs, strict=True)]
+        if not references:
+            references = rows
+        table["generate"][size] = _cell(rows, references, seconds)
+        bar.update()
+        for method, runner in runners.items():
+            items = ((i, {k: v.to(device) for k, v in item.items()}) for i, item in enumerate(inputs))
+            start = time.perf_counter()
+            results = sorted(runner.stream(items, batch_size=size, **generation), key=lambda r: r.key)
+            seconds = time.perf_counter() - start
+            rows = [r.sequence[0, inputs[r.key]["input_ids"].shape[1] :] for r in results]
+            table[method][size] = _cell(rows, references, seconds)
+            bar.update()
+    bar.close()
+    return {
+        "suite": suite,
+        "n": len(inputs),
+        "max_new_tokens": max_new_tokens,
+        "batch_sizes": batch_sizes,
+        "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}",
+        "device": str(device),
+        "table": table,
+    }
+
+
+def _plain(target, adapter, inputs, size, pad, device, generation) -> list[torch.Tensor]:
+    """Plain `generate` over `inputs` in left-padded batches of `size`; each item's row, its padding removed."""
+    outputs = []
+    for start in range(0, len(inputs), size):
+        chunk = inputs[start : start + size]
+        batch = {k: v.to(device) for k, v in adapter.join_rows(chunk, pad).items()}
+        out = target.generate(**batch, **generation)
+        width = batch["input_ids"].shape[1]
+        for b, item in enumerate(chunk):
+            outputs.append(out[b, width - item["input_ids"].shape[1] :])
+    return outputs
+
+
+def _cell(rows: list[torch.Tensor], references: list[torch.Tensor], seconds: float) -> dict[str, float]:
+    tokens = sum(r.shape[0] for r in rows)
+    exact = sum(torch.equal(r.cpu(), ref.cpu()) for r, ref in zip(rows, references, strict=True)) / len(rows)
+    return {"tokens_per_s": tokens / seconds, "seconds": seconds, "new_tokens": tokens, "exact_match": exact}
+
+
+def markdown_batch_report(results: dict[str, Any], command: str) -> str:
+    """Tokens per second per method and batch size, with the ratio to plain `generate` at the same batch size."""
+    sizes = results["batch_sizes"]
+    table = results["table"]
+    lines = [
+        f"Suite `{results['suite']}`: {results['n']} held-out items, up to {results['max_new_tokens']} new tokens, "
+        f"greedy; {results['machine']}; device {results['device']}.",
+        "",
+        f"Command: `{command}`",
+        "",
+        "Tokens/s (ratio to plain `generate` at the same batch size; exact match per item against batch-1 `generate`):",
+        "",
+        "| method | " + " | ".join(f"B={b}" for b in sizes) + " |",
+        "| --- |" + " --- |" * len(sizes),
+    ]
+    plain = table["generate"]
+    for method, cells in table.items():
+        row = []
+        for b in sizes:
+            cell = cells[b]
+            ratio = "" if method == "generate" else f" ({cell['tokens_per_s'] / plain[b]['tokens_per_s']:.2f}x)"
+            exact = "" if cell["exact_match"] == 1.0 else f", exact {cell['exact_match']:.2f}"
+            row.append(f"{cell['tokens_per_s']:.0f}{ratio}{exact}")
+        lines.append(f"| {method} | " + " | ".join(row) + " |")
+    best_plain = max(c["tokens_per_s"] for c in plain.values())
+    best = max(c["tokens_per_s"] for m, cells in table.items() if m != "generate" for c in cells.values())
+    lines += [
+        "",
+        f"Best vlmspec {best:.0f} tok/s against best plain `generate` {best_plain:.0f} tok/s: "
+        f"{best / best_plain:.2f}x.",
+        "",
+    ]
+    return "\n".join(lines)
