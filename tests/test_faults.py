@@ -21,7 +21,7 @@ import pytest
 from conftest import FAMILIES, save_pair
 from media_files import write_image, write_video
 
-from vlmspec.captioning import DEFAULT_CAPTION_BATCH_SIZE, read_records
+from vlmspec.captioning import read_records
 from vlmspec.cli import EXIT_ERROR, main
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}

@@ -107,6 +107,21 @@ def test_from_pretrained_generate_equals_the_targets_generate(from_pretrained, i
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+def test_a_padded_batch_decodes_as_the_targets_batched_generate(from_pretrained, image_path, family):
+    """Two prompts of different lengths, one with the image, under the released generation config: the batch the
+    processor makes for the list decodes as the target's own `generate` decodes that batch."""
+    spec = from_pretrained(family)
+    texts = [
+        spec.processor.apply_chat_template(vlmspec.processors.chat_messages(PROMPT, 1, 0)),
+        spec.processor.apply_chat_template(vlmspec.processors.chat_messages("Write a short poem about the sea.", 0, 0)),
+    ]
+    batch = on_device(dict(spec.processor(texts, images=[[load_image(image_path)], []])))
+    assert bool((batch["attention_mask"] == 0).any())
+    kwargs = dict(max_new_tokens=NEW_TOKENS, **greedy_override(family))
+    assert torch.equal(spec.generate(**batch, **kwargs), spec.target.generate(**batch, **kwargs))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_wrapped_transformers_models_decode_like_the_target(replica_pairs, image_path, reference, family):
     """Models loaded by `transformers`, wrapped, then moved to the test device: inputs follow the models."""
     loaded = []

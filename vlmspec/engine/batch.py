@@ -16,14 +16,14 @@ from typing import Any
 
 import torch
 
-from ..policies import BatchShape, StepOutcome, TreePlan, TreePolicy
+from ..policies import BatchShape, TreePlan, TreePolicy
 from ..pruning import PruningConfig
 from .draft import Drafted, Drafter, DraftForward
-from .loop import DecodeSettings, Prefilled, SpeculativeDecoder, TokenSink
+from .loop import DecodeSettings, Prefilled, SpeculativeDecoder, TokenSink, observe_step
 from .report import PackedStep, StepReport, emitted_tokens, pack_step, unpack_step
 from .row_runner import RowForward, RowRunner
 from .runner import ModelRunner
-from .stats import PhaseTimer, SpecStats, StepRecord
+from .stats import PhaseTimer, SpecStats
 from .tree import DraftTree
 
 
@@ -224,7 +224,9 @@ class BatchDecoder:
             verdict, tokens, report = reports[b]
             contexts = (draft_starts[b] + fed[b], target_starts[b])
             batch = shape if len(rows) > 1 else None
-            self._observe(row, plans[b], drafted[b], trees[b], report, timer, step_started, contexts, batch)
+            observe_step(
+                row.policy, plans[b], drafted[b], trees[b], report, row.stats, timer, step_started, contexts, batch
+            )
             shape = replace(shape, first=False)
             row.sink.take(tokens, report)
 
@@ -318,53 +320,3 @@ class BatchDecoder:
             row.pending = tokens[in_draft : accepted + 1].to(draft.device)
         target.keep(target_starts, target_keeps)
         draft.keep(draft_starts, draft_keeps)
-
-    def _observe(
-        self,
-        row: _Row,
-        plan: TreePlan,
-        drafted: Drafted,
-        tree: DraftTree,
-        report: StepReport,
-        timer: PhaseTimer,
-        step_started: float,
-        contexts: tuple[int, int],
-        batch: BatchShape | None,
-    ) -> None:
-        """A row's policy learns from its step (the batch's step times are its times, `batch` what the whole step fed
-        and emitted; None when the row ran alone) and its statistics record it."""
-        policy = row.policy
-        policy.observe(
-            StepOutcome(
-                root_log_probs=drafted.root_log_probs,
-                accepted=report.accepted,
-                tree=drafted.tree,
-                path=report.path,
-                draft_forwards=drafted.forwards,
-                draft_tokens=drafted.fed_tokens,
-                draft_context=contexts[0],
-                target_context=contexts[1],
-                draft_seconds=timer.last["drafting"],
-                verify_seconds=timer.last["verification"],
-                seconds=time.perf_counter() - step_started,
-                statistics=report.statistics,
-                tree_parents=report.tree_parents,
-                tree_log_probs=report.tree_log_probs,
-                batch=batch,
-            )
-        )
-        predicted = policy.prediction
-        row.stats.steps.append(
-            StepRecord(
-                alpha=policy.confidence,
-                depth=plan.depth,
-                width=plan.width,
-                nodes=tree.size - 1,
-                accepted=report.accepted,
-                tree_depth=tree.depth,
-                greedy_depth=report.greedy_depth,
-                seconds=timer.last["drafting"] + timer.last["verification"],
-                predicted_tokens=None if predicted is None else predicted[0],
-                predicted_seconds=None if predicted is None else predicted[1],
-            )
-        )

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ..policies import StepOutcome, TreePlan, TreePolicy
+from ..policies import BatchShape, StepOutcome, TreePlan, TreePolicy
 from ..pruning import PruningConfig, VerifierScores
 from .accept import Verdict
 from .choice import NodeProcessing, TargetSampler
@@ -221,7 +221,7 @@ class SpeculativeDecoder:
                 fed_pending = pending.shape[0]
                 pending = self._commit(verdict, tokens, report, drafted, target_start, draft_start, fed_pending)
                 contexts = (draft_start + fed_pending, target_start)
-                self._observe(plan, drafted, tree, report, stats, timer, step_started, contexts)
+                observe_step(policy, plan, drafted, tree, report, stats, timer, step_started, contexts)
                 sink.take(tokens, report)
 
     def _accept(
@@ -270,50 +270,53 @@ class SpeculativeDecoder:
         draft.keep(draft_start, kept)
         return tokens[in_draft : accepted + 1].to(draft.device)
 
-    def _observe(
-        self,
-        plan: TreePlan,
-        drafted: Drafted,
-        tree: DraftTree,
-        report: StepReport,
-        stats: SpecStats,
-        timer: PhaseTimer,
-        step_started: float,
-        contexts: tuple[int, int],
-    ) -> None:
-        """The one observer of a finished step: the policy learns from it and the call's statistics record it.
-        `contexts` are the draft's and the target's cache lengths the step's forwards ran over."""
-        policy = self.policy
-        policy.observe(
-            StepOutcome(
-                root_log_probs=drafted.root_log_probs,
-                accepted=report.accepted,
-                tree=drafted.tree,
-                path=report.path,
-                draft_forwards=drafted.forwards,
-                draft_tokens=drafted.fed_tokens,
-                draft_context=contexts[0],
-                target_context=contexts[1],
-                draft_seconds=timer.last["drafting"],
-                verify_seconds=timer.last["verification"],
-                seconds=time.perf_counter() - step_started,
-                statistics=report.statistics,
-                tree_parents=report.tree_parents,
-                tree_log_probs=report.tree_log_probs,
-            )
+
+def observe_step(
+    policy: TreePolicy,
+    plan: TreePlan,
+    drafted: Drafted,
+    tree: DraftTree,
+    report: StepReport,
+    stats: SpecStats,
+    timer: PhaseTimer,
+    step_started: float,
+    contexts: tuple[int, int],
+    batch: BatchShape | None = None,
+) -> None:
+    """The one observer of a finished step: the policy learns from it and `stats` records it. `contexts` are the
+    draft's and the target's cache lengths the step's forwards ran over; `batch` what the whole step fed and emitted
+    when the sequence decoded among others (their step times are its times), None when it decoded alone."""
+    policy.observe(
+        StepOutcome(
+            root_log_probs=drafted.root_log_probs,
+            accepted=report.accepted,
+            tree=drafted.tree,
+            path=report.path,
+            draft_forwards=drafted.forwards,
+            draft_tokens=drafted.fed_tokens,
+            draft_context=contexts[0],
+            target_context=contexts[1],
+            draft_seconds=timer.last["drafting"],
+            verify_seconds=timer.last["verification"],
+            seconds=time.perf_counter() - step_started,
+            statistics=report.statistics,
+            tree_parents=report.tree_parents,
+            tree_log_probs=report.tree_log_probs,
+            batch=batch,
         )
-        predicted = policy.prediction
-        stats.steps.append(
-            StepRecord(
-                alpha=policy.confidence,
-                depth=plan.depth,
-                width=plan.width,
-                nodes=tree.size - 1,
-                accepted=report.accepted,
-                tree_depth=tree.depth,
-                greedy_depth=report.greedy_depth,
-                seconds=timer.last["drafting"] + timer.last["verification"],
-                predicted_tokens=None if predicted is None else predicted[0],
-                predicted_seconds=None if predicted is None else predicted[1],
-            )
+    )
+    predicted = policy.prediction
+    stats.steps.append(
+        StepRecord(
+            alpha=policy.confidence,
+            depth=plan.depth,
+            width=plan.width,
+            nodes=tree.size - 1,
+            accepted=report.accepted,
+            tree_depth=tree.depth,
+            greedy_depth=report.greedy_depth,
+            seconds=timer.last["drafting"] + timer.last["verification"],
+            predicted_tokens=None if predicted is None else predicted[0],
+            predicted_seconds=None if predicted is None else predicted[1],
         )
+    )
