@@ -101,7 +101,7 @@ def test_a_finished_row_stops_costing(qwen):
     finally:
         hook.remove()
     assert keys == ["short", "long"]
-    decoding = [b for b in rows[2:]]
+    decoding = rows[1:]  # after both prompts' prefill in one forward
     assert 2 in decoding and decoding[-1] == 1
     assert decoding == sorted(decoding, reverse=True)
 
@@ -150,3 +150,22 @@ def test_a_streamer_with_a_batch_is_refused(qwen):
     spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"])
     with pytest.raises(ValueError, match="streamer"):
         spec.generate(**padded_batch(qwen, ("text", "image")), streamer=TextStreamer(qwen.processor.tokenizer))
+
+
+def test_prompts_joining_together_are_prefilled_in_one_target_forward(qwen):
+    spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"], "chain")
+    shapes: list[tuple[int, ...]] = []
+    hook = qwen.target.register_forward_pre_hook(
+        lambda _, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+    )
+    try:
+        items = [(case, qwen.cases[case]) for case in ROWS]
+        results = {
+            r.key: r.sequence for r in spec.stream(items, batch_size=len(ROWS), do_sample=False, max_new_tokens=8)
+        }
+    finally:
+        hook.remove()
+    longest = max(qwen.cases[case]["input_ids"].shape[1] for case in ROWS)
+    assert shapes[0] == (len(ROWS), longest)
+    for case in ROWS:
+        assert torch.equal(results[case], qwen.target.generate(**qwen.cases[case], do_sample=False, max_new_tokens=8))

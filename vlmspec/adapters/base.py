@@ -234,6 +234,19 @@ class ModelAdapter(ABC):
         # below the video's last temporal positions (its positions advance by the frame grid, not the clip length).
         return Prefill(last_logits=out.logits[0, -1], length=length, next_position=int(positions[..., -1].max()) + 1)
 
+    def prefill_rows(self, inputs: dict[str, Any], cache: Cache) -> tuple[torch.Tensor, list[int]]:
+        """Run a left-padded batch of prompts into `cache` in one forward; returns each row's last-token logits
+        `(B, V)` and the position of each row's next token."""
+        positions = self.prompt_positions(inputs)
+        model_inputs = {
+            k: inputs[k] for k in self.input_keys if k not in self.position_only_keys and inputs.get(k) is not None
+        }
+        out = self.model(
+            **model_inputs, position_ids=positions, past_key_values=cache, use_cache=True, logits_to_keep=1
+        )
+        rows = inputs["input_ids"].shape[0]
+        return out.logits[:, -1], [int(positions[..., b, -1].max()) + 1 for b in range(rows)]
+
     def decode(
         self,
         input_ids: torch.Tensor,

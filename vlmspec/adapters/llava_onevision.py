@@ -36,7 +36,11 @@ class LlavaOnevisionAdapter(ModelAdapter):
     )
 
     def prompt_positions(self, inputs: dict[str, Any]) -> torch.Tensor:
-        return torch.arange(inputs["input_ids"].shape[1], device=inputs["input_ids"].device)[None]
+        """`(B, L)`: each row counts its own tokens from 0, after its left padding, as `generate` positions them."""
+        mask = inputs.get("attention_mask")
+        if mask is None:
+            return torch.arange(inputs["input_ids"].shape[1], device=inputs["input_ids"].device)[None]
+        return (mask.long().cumsum(-1) - 1).clamp_min(0)
 
     def position_ids(self, positions: torch.Tensor) -> torch.Tensor:
         return positions[None]

@@ -31,7 +31,7 @@ class MRopeAdapter(ModelAdapter):
     rope_index_keys: tuple[str, ...] = ()
 
     def prompt_positions(self, inputs: dict[str, Any]) -> torch.Tensor:
-        """`(3, 1, L)`: 3-D for visual prompts given `mm_token_type_ids`, else 1-D on all axes."""
+        """`(3, B, L)`: 3-D for visual prompts given `mm_token_type_ids`, else 1-D on all axes."""
         input_ids = inputs["input_ids"]
         has_visual = inputs.get("image_grid_thw") is not None or inputs.get("video_grid_thw") is not None
         if inputs.get("mm_token_type_ids") is not None and has_visual:
@@ -44,7 +44,11 @@ class MRopeAdapter(ModelAdapter):
                 **{k: inputs[k] for k in self.rope_index_keys if inputs.get(k) is not None},
             )
             return positions
-        return torch.arange(input_ids.shape[1], device=input_ids.device).view(1, 1, -1).expand(3, 1, -1)
+        mask = inputs.get("attention_mask")
+        if mask is None:
+            return torch.arange(input_ids.shape[1], device=input_ids.device).view(1, 1, -1).expand(3, 1, -1)
+        # Text alone: each row counts its own tokens from 0, after its left padding, on all three axes.
+        return (mask.long().cumsum(-1) - 1).clamp_min(0)[None].expand(3, -1, -1)
 
     def position_ids(self, positions: torch.Tensor) -> torch.Tensor:
         return positions.view(1, 1, -1).expand(3, 1, -1)

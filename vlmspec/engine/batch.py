@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ..policies import BatchShape, TreePlan, TreePolicy
-from ..pruning import PruningConfig
+from ..pruning import PruningConfig, VerifierScores, scoring
 from .draft import Drafted, Drafter, DraftForward
 from .loop import DecodeSettings, Prefilled, SpeculativeDecoder, TokenSink, observe_step
 from .report import PackedStep, StepReport, emitted_tokens, pack_step, unpack_step
@@ -120,7 +120,8 @@ class BatchDecoder:
         exhausted = False
         try:
             while True:
-                while len(rows) < batch_size and not exhausted:
+                joining: list[RowRequest] = []
+                while len(rows) + len(joining) < batch_size and not exhausted:
                     request = waiting if waiting is not None else next(source, None)
                     waiting = None
                     if request is None:
@@ -129,21 +130,18 @@ class BatchDecoder:
                     if request.error is not None:
                         yield RowResult(request.key, None, None, request.error)
                         continue
-                    in_flight = [row.request.positions for row in rows]
-                    if rows and admit is not None and not admit(in_flight, request.positions):
+                    in_flight = [row.request.positions for row in rows] + [r.positions for r in joining]
+                    if in_flight and admit is not None and not admit(in_flight, request.positions):
                         waiting = request
                         break
-                    try:
-                        row = self._admit(request, target, draft)
-                    except Exception as error:  # noqa: BLE001 - a prompt that cannot be prefilled fails alone
-                        target.discard(len(rows))
-                        draft.discard(len(rows))
-                        yield RowResult(request.key, None, None, error)
-                        continue
-                    if row.sink.finished:
-                        yield row.result()
+                    joining.append(request)
+                for request, admitted in self._admit_all(joining, target, draft):
+                    if isinstance(admitted, Exception):
+                        yield RowResult(request.key, None, None, admitted)
+                    elif admitted.sink.finished:
+                        yield admitted.result()
                     else:
-                        rows.append(row)
+                        rows.append(admitted)
                 if not rows:
                     timer.collect(wait=True)
                     return
@@ -158,6 +156,76 @@ class BatchDecoder:
                         yield row.result()
         finally:
             self._release()
+
+    def _admit_all(
+        self, requests: list[RowRequest], target: RowRunner, draft: RowRunner
+    ) -> list[tuple[RowRequest, _Row | Exception]]:
+        """Admit the requests joining the batch: prompts of their own prefilled together in one padded forward of
+        the target, else (or should that fail) one by one, a prompt that cannot be prefilled failing alone."""
+        before = target.cache.rows
+        distinct = len({id(r.target_inputs) for r in requests}) == len(requests)
+        if len(requests) > 1 and distinct and all(r.settings.max_new_tokens > 0 for r in requests):
+            try:
+                return self._admit_together(requests, target, draft)
+            except Exception:  # noqa: BLE001 - inputs that cannot share a forward are prefilled one by one
+                target.discard(before)
+                draft.discard(before)
+        admitted: list[tuple[RowRequest, _Row | Exception]] = []
+        for request in requests:
+            rows = target.cache.rows
+            try:
+                admitted.append((request, self._admit(request, target, draft)))
+            except Exception as error:  # noqa: BLE001 - a prompt that cannot be prefilled fails alone
+                target.discard(rows)
+                draft.discard(rows)
+                admitted.append((request, error))
+        return admitted
+
+    def _admit_together(
+        self, requests: list[RowRequest], target: RowRunner, draft: RowRunner
+    ) -> list[tuple[RowRequest, _Row]]:
+        """Prefill the target over the requests' prompts in one left-padded forward (each row's pruning scores taken
+        from its own rows of it), then each draft prompt alone; emit each first token and take the rows in."""
+        single = self.single
+        adapter, pruning = single.target.adapter, single.pruning
+        batch = adapter.join_rows([r.target_inputs for r in requests], 0)
+        length = batch["input_ids"].shape[1]
+        pads = [length - r.target_inputs["input_ids"].shape[1] for r in requests]
+        layouts = [None if pruning is None else adapter.visual_layout(r.target_inputs) for r in requests]
+        scorers = [
+            VerifierScores(adapter, layout, pruning.layers, b, pads[b])
+            if layout is not None and bool(layout.mask.any()) and pruning.method == "verifier"
+            else None
+            for b, layout in enumerate(layouts)
+        ]
+        started = time.perf_counter()
+        with scoring(adapter, [s for s in scorers if s is not None]):
+            logits, positions = single.target.prefill_rows(batch)
+        seconds = (time.perf_counter() - started) / len(requests)
+        admitted = []
+        for b, request in enumerate(requests):
+            settings = request.settings
+            row = _Row(request, self.policy.for_row(), Drafter(draft, self.vocab_limit, self.draft_input_limit))
+            prefill = Prefilled(request.target_inputs, request.draft_inputs, settings.max_new_tokens)
+            prefill.logits, prefill.layout = logits[b], layouts[b]
+            prefill.prune = layouts[b] is not None and bool(layouts[b].mask.any())
+            prefill.scores = None if scorers[b] is None else scorers[b].scores
+            scored = 0.0 if scorers[b] is None else scorers[b].seconds
+            row.stats.phase_seconds["target_prefill"] += seconds - scored
+            row.stats.phase_seconds["pruning"] += scored
+            row.stats.target_prefill_tokens = length - pads[b]
+            first = settings.sampler.first(prefill.logits, row.sink.sequence)
+            row.sink.emit(first[None])
+            if not row.sink.finished:
+                timer = PhaseTimer(row.stats, single.target.device)
+                single.prefill_draft(prefill, row.stats, timer)
+                timer.collect(wait=True)
+                offset = positions[b] - (length - pads[b])
+                target.append_row(single.target.cache, settings.max_new_tokens, b, pads[b], offset)
+                draft.append(single.draft, settings.max_new_tokens)
+                row.pending = first[None].to(draft.device)
+            admitted.append((request, row))
+        return admitted
 
     def _admit(self, request: RowRequest, target: RowRunner, draft: RowRunner) -> _Row:
         """Prefill a request alone (both models, pruning by its own verifier scores), emit its first token and, unless

@@ -114,16 +114,16 @@ class RowCache(Cache):
             self._slabs[device] = grown
         self.capacity = capacity
 
-    def append(self, source: SlabCache, room: int) -> int:
-        """Take in a prefilled sequence (the batch-1 `source`) as a new last row with `room` more positions to come;
-        returns its row index."""
-        length, row = source.length, self.rows
+    def append(self, source: SlabCache, room: int, source_row: int = 0, start: int = 0) -> int:
+        """Take in a prefilled sequence as a new last row with `room` more positions to come: row `source_row` of
+        `source` from position `start` on (a left-padded batch's row starts after its padding). Returns its row."""
+        length, row = source.length - start, self.rows
         self.reserve(length + room)
         for device, slab in source._slabs.items():
             own = self._slabs.get(device)
             if own is None or own.shape[1] <= row:
                 own = self._slabs[device] = self._with_slots(own, slab, max(self.slots, row + 1))
-            own[:, row, :, :length].copy_(slab[:, 0, :, :length])
+            own[:, row, :, :length].copy_(slab[:, source_row, :, start : start + length])
         self.lengths.append(length)
         return row
 

@@ -8,7 +8,7 @@ import torch
 
 from ..adapters import ModelAdapter
 from ..attention import tree_attention
-from .cache import TREE_ROOM
+from .cache import TREE_ROOM, SlabCache
 from .row_cache import RowCache
 from .runner import ModelRunner
 
@@ -48,6 +48,12 @@ class RowRunner:
         come; returns its row."""
         self.offsets.append(prefilled.offset)
         return self.cache.append(prefilled.cache, room + TREE_ROOM)
+
+    def append_row(self, cache: SlabCache, room: int, row: int, start: int, offset: int) -> int:
+        """Take in row `row` of a batched prefill's `cache` (its prompt from `start` on, its positions `offset` past
+        its cache indices), with `room` more tokens (and a tree's) to come; returns its row here."""
+        self.offsets.append(offset)
+        return self.cache.append(cache, room + TREE_ROOM, row, start)
 
     def discard(self, rows: int) -> None:
         """Forget every row from index `rows` on (what a failed admission may have left)."""

@@ -61,6 +61,17 @@ class ModelRunner:
         self.offset = result.next_position - result.length
         return result.last_logits.to(self.device)
 
+    def prefill_rows(self, inputs: dict[str, Any]) -> tuple[torch.Tensor, list[int]]:
+        """Run a left-padded batch of prompts (eager) into a cache of as many rows; returns each row's last-token
+        logits `(B, V)` and the position of each row's next token. Row b's prompt sits in its cache row after its
+        padding, up to the batch's length."""
+        self.refresh()
+        self.cache = SlabCache(self.adapter.layer_devices(), inputs["input_ids"].shape[1])
+        with tree_attention(self.adapter.language_model.config):
+            logits, positions = self.adapter.prefill_rows(inputs, self.cache)
+        self.cache.settle()
+        return logits.to(self.device), positions
+
     def position(self, index: int) -> int:
         """Position of the token at cache index `index` (an index at or after the prompt's end)."""
         return index + self.offset

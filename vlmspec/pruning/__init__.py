@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from ..adapters import VisualLayout
-from .scores import VerifierScores
+from .scores import VerifierScores, scoring
 from .select import group_budgets, select_random, select_two_stage, select_uniform
 
 PRUNING_METHODS = ("verifier", "uniform", "random")
@@ -68,6 +68,7 @@ __all__ = [
     "PRUNING_METHODS",
     "PruningConfig",
     "VerifierScores",
+    "scoring",
     "group_budgets",
     "resolve_pruning",
     "select_random",
