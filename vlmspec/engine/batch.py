@@ -1,10 +1,11 @@
 """Many sequences decoded together: each row drafts its own tree, one target forward verifies every row's tree.
 
-A row is one prompt (prefilled alone, pruned by its own verifier scores) with its own policy state, token sink and
-stopping. Every step, the rows' trees grow level by level through one batched draft forward per level, are padded
-to a common size and verified by one target forward; acceptance runs per row on the device and all rows' results
-are read at once. A finished row leaves the batch at once and, while inputs remain, the next one is admitted in
-its place (continuous batching).
+A row is one prompt (its draft prompt pruned by its own verifier scores) with its own policy state, token sink and
+stopping. Prompts that join the batch together are prefilled in one left-padded target forward (each row's scores
+from its own rows of it), each draft prompt alone. Every step, the rows' trees grow level by level through one
+batched draft forward per level, are padded to a common size and verified by one target forward; acceptance runs
+per row on the device and all rows' results are read at once. A finished row leaves the batch at once and, while
+inputs remain, the next one is admitted in its place (continuous batching).
 """
 
 from __future__ import annotations
@@ -160,18 +161,23 @@ class BatchDecoder:
     def _admit_all(
         self, requests: list[RowRequest], target: RowRunner, draft: RowRunner
     ) -> list[tuple[RowRequest, _Row | Exception]]:
-        """Admit the requests joining the batch: prompts of their own prefilled together in one padded forward of
-        the target, else (or should that fail) one by one, a prompt that cannot be prefilled failing alone."""
-        before = target.cache.rows
-        distinct = len({id(r.target_inputs) for r in requests}) == len(requests)
-        if len(requests) > 1 and distinct and all(r.settings.max_new_tokens > 0 for r in requests):
-            try:
-                return self._admit_together(requests, target, draft)
-            except Exception:  # noqa: BLE001 - inputs that cannot share a forward are prefilled one by one
-                target.discard(before)
-                draft.discard(before)
+        """Admit the requests joining the batch: prompts of similar lengths (of their own inputs) prefilled together
+        in one padded forward of the target, the others (and any group whose forward fails) one by one, a prompt that
+        cannot be prefilled failing alone."""
         admitted: list[tuple[RowRequest, _Row | Exception]] = []
-        for request in requests:
+        alone: list[RowRequest] = []
+        for group in _similar_lengths(requests):
+            distinct = len({id(r.target_inputs) for r in group}) == len(group)
+            if len(group) > 1 and distinct and all(r.settings.max_new_tokens > 0 for r in group):
+                before = target.cache.rows
+                try:
+                    admitted += self._admit_together(group, target, draft)
+                    continue
+                except Exception:  # noqa: BLE001 - inputs that cannot share a forward are prefilled one by one
+                    target.discard(before)
+                    draft.discard(before)
+            alone += group
+        for request in alone:
             rows = target.cache.rows
             try:
                 admitted.append((request, self._admit(request, target, draft)))
@@ -388,3 +394,24 @@ class BatchDecoder:
             row.pending = tokens[in_draft : accepted + 1].to(draft.device)
         target.keep(target_starts, target_keeps)
         draft.keep(draft_starts, draft_keeps)
+
+
+#: The most padding a batched prefill may carry, as a share of its prompts' own tokens (a padded token costs what a
+#: real one does once the forward is compute-bound).
+PREFILL_PADDING = 0.25
+
+
+def _similar_lengths(requests: list[RowRequest]) -> list[list[RowRequest]]:
+    """The requests in groups of similar prompt lengths (by length), each padded to its longest by at most
+    `PREFILL_PADDING` of its own tokens."""
+    groups: list[list[RowRequest]] = []
+    tokens = 0
+    for request in sorted(requests, key=lambda r: r.target_inputs["input_ids"].shape[1]):
+        length = request.target_inputs["input_ids"].shape[1]
+        if groups and length * (len(groups[-1]) + 1) <= (1 + PREFILL_PADDING) * (tokens + length):
+            groups[-1].append(request)
+            tokens += length
+        else:
+            groups.append([request])
+            tokens = length
+    return groups
