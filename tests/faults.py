@@ -19,6 +19,7 @@ from collections.abc import Callable
 import vlmspec.api
 from vlmspec import captioning
 from vlmspec.cli import main
+from vlmspec.engine.batch import BatchDecoder
 from vlmspec.engine.loop import SpeculativeDecoder
 
 
@@ -84,18 +85,36 @@ def after_record(k: int) -> None:
 
 
 def generating(k: int) -> None:
-    """While the k-th input to reach the model decodes: at the target's second forward pass from its prefill on (its
-    first verification, a decoding step it takes part in, or the prefill of the input admitted after it); the input
-    is never recorded. One input at a time or many, every input's prefill runs `SpeculativeDecoder.prefill_target`."""
-    prefill, now = SpeculativeDecoder.prefill_target, Countdown(k)
+    """While the k-th input to reach the model decodes: at the target's second forward pass from the prefill that
+    takes it in on (its first verification, a decoding step it takes part in, or another prefill after it); the input
+    is never recorded. Inputs reach the model through `BatchDecoder._admit_all` (a batch's joining inputs, prefilled
+    together or one by one) or, one at a time, through `SpeculativeDecoder.prefill_target`."""
+    admit_all, prefill = BatchDecoder._admit_all, SpeculativeDecoder.prefill_target
+    seen, admitting = [0], [False]
+
+    def arm(model) -> None:
+        passes = Countdown(2)
+        model.get_input_embeddings().register_forward_pre_hook(lambda module, inputs: die() if passes() else None)
+
+    def admit_all_and_die(self, requests, target, draft):
+        first = seen[0] + 1
+        seen[0] += len(requests)
+        if first <= k <= seen[0]:
+            arm(self.single.target.adapter.model)
+        admitting[0] = True
+        try:
+            return admit_all(self, requests, target, draft)
+        finally:
+            admitting[0] = False
 
     def prefill_and_die(self, *args, **kwargs):
-        if now():
-            passes = Countdown(2)
-            embeddings = self.target.adapter.model.get_input_embeddings()
-            embeddings.register_forward_pre_hook(lambda module, inputs: die() if passes() else None)
+        if not admitting[0]:
+            seen[0] += 1
+            if seen[0] == k:
+                arm(self.target.adapter.model)
         return prefill(self, *args, **kwargs)
 
+    BatchDecoder._admit_all = admit_all_and_die
     SpeculativeDecoder.prefill_target = prefill_and_die
 
 

@@ -70,15 +70,15 @@ from .speculative import SpeculativeVLM
 DEFAULT_PROMPTS = {"image": "Describe the image in detail.", "video": "Describe the video in detail."}
 _MEDIA = IMAGE_EXTENSIONS | VIDEO_EXTENSIONS
 #: How many inputs decode together by default (`CaptionSettings.batch_size`, `vlmspec caption --batch-size`): on the
-#: project's machine 16 inputs at once with chain drafts captioned 1.08x as many inputs per minute as plain
-#: `generate` at 16 and 3.8x as many as sage one at a time (docs/benchmarks.md); 32 was faster still, at twice the KV
+#: project's machine 16 inputs at once with chain drafts captioned 1.31x as many inputs per minute as plain
+#: `generate` at 16 and 4.4x as many as sage one at a time (docs/benchmarks.md); 32 was faster still, at twice the KV
 #: cache.
 DEFAULT_CAPTION_BATCH_SIZE = 16
 
 
 def caption_policy(batch_size: int) -> str:
     """The policy a caption job drafts with unless told: SAGE's trees for one input at a time, chains for a batch
-    (every row's tree is verified padded to the largest, and on the measured machine chains captioned 1.6x as many
+    (every row's tree is verified padded to the largest, and on the measured machine chains captioned 1.5x as many
     inputs per minute as sage at batch size 8)."""
     return "sage" if batch_size == 1 else "chain"
 
