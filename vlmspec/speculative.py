@@ -106,12 +106,14 @@ class SpeculativeVLM:
             draft_input_limit=draft.get_input_embeddings().weight.shape[0],
         )
         self._batch = BatchDecoder(
-            ModelRunner(target_adapter),
-            ModelRunner(draft_adapter),
-            self.policy,
-            vocab_limit,
-            self.pruning,
-            draft_input_limit=draft.get_input_embeddings().weight.shape[0],
+            SpeculativeDecoder(
+                ModelRunner(target_adapter),
+                ModelRunner(draft_adapter),
+                self.policy,
+                vocab_limit,
+                self.pruning,
+                draft_input_limit=draft.get_input_embeddings().weight.shape[0],
+            )
         )
         self.last_stats: SpecStats | None = None
 

@@ -18,12 +18,11 @@ from typing import Any
 import torch
 
 from ..policies import BatchShape, TreePlan, TreePolicy
-from ..pruning import PruningConfig, VerifierScores, scoring
+from ..pruning import VerifierScores, scoring
 from .draft import Drafted, Drafter, DraftForward
 from .loop import DecodeSettings, Prefilled, SpeculativeDecoder, TokenSink, observe_step
 from .report import PackedStep, StepReport, emitted_tokens, pack_step, unpack_step
 from .row_runner import RowForward, RowRunner
-from .runner import ModelRunner
 from .stats import PhaseTimer, SpecStats
 from .tree import DraftTree
 
@@ -78,21 +77,17 @@ class _Row:
 
 
 class BatchDecoder:
-    """Lossless tree speculative decoding of many prompts, up to `batch_size` of them in flight at once."""
+    """Lossless tree speculative decoding of many prompts, up to `batch_size` of them in flight at once.
 
-    def __init__(
-        self,
-        target: ModelRunner,
-        draft: ModelRunner,
-        policy: TreePolicy,
-        vocab_limit: int,
-        pruning: PruningConfig | None = None,
-        draft_input_limit: int | None = None,
-    ):
-        self.single = SpeculativeDecoder(target, draft, policy, vocab_limit, pruning, draft_input_limit)
-        self.policy = policy
-        self.vocab_limit = vocab_limit
-        self.draft_input_limit = draft_input_limit or vocab_limit
+    `single` is a one-sequence decoder of the pair, on runners of its own: it prefills the prompts that join (its
+    caches are copied into the batch's) and gives the batch its policy, pruning and vocabulary limits.
+    """
+
+    def __init__(self, single: SpeculativeDecoder):
+        self.single = single
+        self.policy = single.policy
+        self.vocab_limit = single.drafter.vocab_limit
+        self.draft_input_limit = single.drafter.input_limit
         self.stats = SpecStats()
         self._shared: tuple[dict[str, Any], Prefilled] | None = None
 
