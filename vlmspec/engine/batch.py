@@ -19,7 +19,7 @@ import torch
 
 from ..policies import BatchShape, TreePlan, TreePolicy
 from ..pruning import VerifierScores, scoring
-from .draft import Drafted, Drafter, DraftForward
+from .draft import Drafted, Drafter
 from .loop import DecodeSettings, Prefilled, SpeculativeDecoder, TokenSink, observe_step
 from .report import PackedStep, StepReport, emitted_tokens, pack_step, unpack_step
 from .row_runner import RowForward, RowRunner
@@ -310,14 +310,13 @@ class BatchDecoder:
             growing.append(
                 row.drafter.steps(row.pending, plans[b], sink.sequence, lengths[b], settings.draft_processing, depth)
             )
-        requests: list[DraftForward | None] = [next(steps) for steps in growing]
+        requests: list[RowForward | None] = [next(steps) for steps in growing]
         drafted: list[Drafted | None] = [None] * len(rows)
         forwards = tokens = 0
         while any(r is not None for r in requests):
             forwards += 1
             tokens += len(rows) * max(r.tokens.shape[0] for r in requests if r is not None)
-            fed = [None if r is None else RowForward(r.tokens, r.depths, r.visible, r.root_index) for r in requests]
-            logits = draft.forward(fed)
+            logits = draft.forward(requests)
             for b, steps in enumerate(growing):
                 if requests[b] is None:
                     continue

@@ -9,6 +9,7 @@ import torch
 
 from ..policies import TreePlan
 from .choice import NodeProcessing
+from .row_runner import RowForward
 from .runner import ModelRunner
 from .tree import DraftTree, TreeBuilder, additive_mask
 
@@ -36,17 +37,6 @@ class Drafted:
     forwards: int
     fed_tokens: int
     slots: torch.Tensor | None = None
-
-
-@dataclass
-class DraftForward:
-    """One draft forward a tree's growth asks for: `tokens` (q,) at `depths` (q,) past the cache index `root_index`
-    (the root's), each seeing every key before the last k and, of those k, the ones `visible` (q, k) marks."""
-
-    tokens: torch.Tensor
-    depths: torch.Tensor
-    visible: torch.Tensor
-    root_index: int
 
 
 class Drafter:
@@ -109,7 +99,7 @@ class Drafter:
         request = next(steps)
         while True:
             bias = additive_mask(request.visible, runner.dtype)
-            logits = runner.forward(request.tokens, request.depths, bias, request.root_index)
+            logits = runner.forward(request.tokens, request.depths, bias, request.base_index)
             try:
                 request = steps.send(logits)
             except StopIteration as grown:
@@ -123,7 +113,7 @@ class Drafter:
         length: int,
         processing: NodeProcessing | None = None,
         max_depth: int | None = None,
-    ) -> Generator[DraftForward, torch.Tensor, Drafted]:
+    ) -> Generator[RowForward, torch.Tensor, Drafted]:
         """`grow` as a generator: yields each draft forward it needs over a cache of `length` positions, is sent that
         forward's logits (q, V), and returns the tree; so many rows' trees can grow through one batched forward."""
         masked = plan.masked if plan.masked is not None else self.runner.device.type != "cpu"
@@ -140,7 +130,7 @@ class Drafter:
         root_index = length + pending.shape[0] - 1
         depths = torch.arange(-pending.shape[0] + 1, 1, device=device)
         causal = torch.ones(pending.shape[0], pending.shape[0], dtype=torch.bool, device=device).tril_()
-        logits = yield DraftForward(pending, depths, causal, root_index)
+        logits = yield RowForward(pending, depths, causal, root_index)
         builder.start(root)
         root_log_probs, root_order = self._log_probs(logits[-1], processing, sequence)
         frontier = slice(0, 1)
@@ -175,7 +165,7 @@ class Drafter:
                 break
             frontier = new
             visible = builder.ancestors[new, 1 : new.stop]
-            logits = yield DraftForward(builder.tokens[new], builder.depths[new], visible, root_index)
+            logits = yield RowForward(builder.tokens[new], builder.depths[new], visible, root_index)
             forwards, fed_tokens = forwards + 1, fed_tokens + new.stop - new.start
             child_log_probs, child_order = self._log_probs(
                 logits, processing, sequence, None if processing is None else builder.ancestors[new, : builder.size]

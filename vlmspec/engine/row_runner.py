@@ -15,9 +15,10 @@ from .runner import ModelRunner
 
 @dataclass
 class RowForward:
-    """What one row feeds a forward: `tokens` (q,) at `depths` (q,) past the cache index `base_index`, each seeing
-    every key of the row before its last k and, of those k (its own and earlier levels'), the ones `visible` (q, k)
-    marks."""
+    """What one sequence feeds a forward: `tokens` (q,) at `depths` (q,) past the cache index `base_index`, each
+    seeing every key of the sequence before its last k and, of those k (its own and earlier levels'), the ones
+    `visible` (q, k) marks. A tree's growth yields one per draft forward it needs (`Drafter.steps`), and a batch
+    carries one per row."""
 
     tokens: torch.Tensor
     depths: torch.Tensor
