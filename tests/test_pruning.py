@@ -10,6 +10,7 @@ import torch
 
 from vlmspec import PruningConfig, SpeculativeVLM
 from vlmspec.adapters import adapter_for
+from vlmspec.engine.runner import ModelRunner
 from vlmspec.pruning import VerifierScores, group_budgets, select_random, select_two_stage, select_uniform
 
 
@@ -118,6 +119,37 @@ def test_draft_prefill_counts_text_plus_the_kept_share_of_each_group(family, cas
     assert spec.last_stats.draft_prefill_tokens == text + sum(math.ceil(0.5 * n) for n in counts)
     assert spec.last_stats.target_prefill_tokens == inputs["input_ids"].shape[1]
     assert spec.last_stats.phase_seconds["pruning"] > 0
+
+
+def test_a_batched_pruned_prefill_fills_each_row_as_its_own_pruned_prefill(family):
+    """Prompts prefilled together, each cut to its own kept tokens (or not cut), hold in their cache rows what each
+    prompt's own pruned prefill holds, and continue from the same positions."""
+    adapter = adapter_for(family.target)
+    cases = ("image", "video", "text")
+    rows = [family.cases[c] for c in cases]
+    pruning = PruningConfig(method="uniform", ratio=0.5)
+    keeps = []
+    for inputs in rows:
+        layout = adapter.visual_layout(inputs)
+        keeps.append(pruning.keep_mask(layout, adapter.has_video(inputs), None) if bool(layout.mask.any()) else None)
+    batch = adapter.join_rows(rows, 0)
+    width = batch["input_ids"].shape[1]
+    keep = torch.zeros(batch["input_ids"].shape, dtype=torch.bool, device=batch["input_ids"].device)
+    for b, (inputs, own) in enumerate(zip(rows, keeps, strict=True)):
+        keep[b, width - inputs["input_ids"].shape[1] :] = True if own is None else own
+    together = ModelRunner(adapter)
+    with torch.no_grad():
+        logits, positions = together.prefill_rows(batch, keep)
+        counts = keep.sum(1).tolist()
+        for b, (inputs, own) in enumerate(zip(rows, keeps, strict=True)):
+            alone = ModelRunner(adapter)
+            last = alone.prefill(inputs, own)
+            assert alone.length == counts[b]
+            assert positions[b] - counts[b] == alone.offset
+            torch.testing.assert_close(logits[b], last, rtol=1e-4, atol=1e-5)
+            for device, slab in alone.cache._slabs.items():
+                ours = together.cache._slabs[device][:, b, :, max(counts) - counts[b] : max(counts)]
+                torch.testing.assert_close(ours, slab[:, 0, :, : counts[b]], rtol=1e-4, atol=1e-5)
 
 
 def test_text_only_prompts_are_not_pruned(qwen):

@@ -226,6 +226,55 @@ def test_a_batch_prices_a_node_at_the_batchs_rate_and_per_token_cost():
     assert row.plan().node_floor > alone.plan().node_floor
 
 
+def priced_batch(rows: int, rate: float) -> tuple[SageGtPolicy, list[SageGtPolicy]]:
+    """A warm policy whose batch verification costs 2 ms a token, at `rate` tokens per second, and `rows` rows of it
+    past their first step."""
+    policy = SageGtPolicy(SageGtConfig(warmup_steps=2))
+    for tokens in (8, 16, 24, 32):
+        policy.cost.add(StepCost(tokens, 100, 3, tokens, 100, 0.01 + 0.002 * tokens, 0.005))
+    policy.rates.add(int(rate), 1.0)
+    members = [policy.for_row() for _ in range(rows)]
+    for row in members:
+        row._first_step, row._contexts = False, (100, 100)
+    return policy, members
+
+
+def confident_chain(nodes: int) -> tuple[list[int], list[float]]:
+    """A last tree: a chain of `nodes` draft tokens, each at conditional probability 0.99 (calibrated near 1)."""
+    return list(range(-1, nodes)), [float(np.log(0.99)) * depth for depth in range(nodes + 1)]
+
+
+def test_one_rows_large_tree_does_not_size_every_rows_tree_in_a_batch():
+    policy, rows = priced_batch(4, rate=200.0)
+    assert rows[0].plan().node_floor == pytest.approx(0.4, rel=0.05)
+    rows[0]._last_tree = confident_chain(8)
+    for row in rows[1:]:
+        row._last_tree = confident_chain(1)
+    plans = policy.plan_batch(rows)
+    # One node is worth a token of every row (all four first nodes are near 1); the second is worth it to one row.
+    assert [plan.max_nodes for plan in plans] == [1, 1, 1, 1]
+
+
+def test_a_batchs_node_cap_grows_back_while_the_trees_it_cut_still_pay():
+    policy, rows = priced_batch(4, rate=200.0)
+    for row in rows:
+        row._last_tree = confident_chain(2)
+    policy._cap = 2
+    assert {plan.max_nodes for plan in policy.plan_batch(rows)} == {5}
+
+
+def test_a_row_just_admitted_to_a_batch_starts_from_the_first_levels_of_sages_first_tree():
+    policy, rows = priced_batch(4, rate=200.0)
+    for row in rows[:3]:
+        row._last_tree = confident_chain(2)
+    rows[3]._first_step = True
+    first = rows[3].plan()
+    plans = policy.plan_batch(rows)
+    cap = plans[0].max_nodes
+    assert plans[3].max_nodes == cap < first.max_nodes
+    assert plans[3].paths == first.paths[:cap]
+
+
 def test_configuration_errors_name_the_setting():
     with pytest.raises(ValueError, match="warmup_steps cannot exceed cost_window"):
         SageGtConfig(warmup_steps=10, cost_window=5)

@@ -192,16 +192,22 @@ class ModelAdapter(ABC):
         return torch.isin(input_ids[0], torch.tensor(ids, device=input_ids.device))
 
     def prune_language_model_inputs(self, kwargs: dict[str, Any], keep: torch.Tensor) -> dict[str, Any]:
-        """Cut the language model's prompt inputs down to the kept tokens (`keep`: bool over the prompt)."""
-        kwargs["inputs_embeds"] = kwargs["inputs_embeds"][:, keep]
-        kwargs["position_ids"] = kwargs["position_ids"][..., keep]
-        if isinstance(kwargs.get("attention_mask"), torch.Tensor):
-            kwargs["attention_mask"] = kwargs["attention_mask"][..., keep]
+        """Cut the language model's prompt inputs down to each row's kept tokens (`keep` (B, L) bool), in order and
+        at their original positions, the rows left-padded again to the most any row keeps."""
+        index, real = kept_index(keep)
+        embeds = kwargs["inputs_embeds"]
+        kwargs["inputs_embeds"] = embeds.gather(1, index[..., None].expand(-1, -1, embeds.shape[-1]))
+        positions = kwargs["position_ids"]
+        kwargs["position_ids"] = positions.gather(-1, index.expand(*positions.shape[:-2], -1, -1))
+        mask = kwargs.get("attention_mask")
+        if isinstance(mask, torch.Tensor):
+            kwargs["attention_mask"] = real.to(mask.dtype)
         return kwargs
 
     @contextmanager
     def _pruned(self, keep: torch.Tensor | None):
-        """While active, the language model sees only the kept prompt tokens, each at its original position.
+        """While active, the language model sees only the kept prompt tokens (`keep` (B, L) bool), each at its
+        original position.
 
         The model still encodes every image and frame and places the features as it always does; the cut happens
         at the language model's entrance, so anyres packing, newline tokens and deepstack features need no copy here.
@@ -225,7 +231,7 @@ class ModelAdapter(ABC):
         model_inputs = {
             k: inputs[k] for k in self.input_keys if k not in self.position_only_keys and inputs.get(k) is not None
         }
-        with self._pruned(keep):
+        with self._pruned(None if keep is None else keep[None]):
             out = self.model(
                 **model_inputs, position_ids=positions, past_key_values=cache, use_cache=True, logits_to_keep=1
             )
@@ -234,16 +240,20 @@ class ModelAdapter(ABC):
         # below the video's last temporal positions (its positions advance by the frame grid, not the clip length).
         return Prefill(last_logits=out.logits[0, -1], length=length, next_position=int(positions[..., -1].max()) + 1)
 
-    def prefill_rows(self, inputs: dict[str, Any], cache: Cache) -> tuple[torch.Tensor, list[int]]:
+    def prefill_rows(
+        self, inputs: dict[str, Any], cache: Cache, keep: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, list[int]]:
         """Run a left-padded batch of prompts into `cache` in one forward; returns each row's last-token logits
-        `(B, V)` and the position of each row's next token."""
+        `(B, V)` and the position of each row's next token. With `keep` (B, L) bool (False on padding) only those
+        tokens enter the cache, each row's left-padded again to the most any row keeps."""
         positions = self.prompt_positions(inputs)
         model_inputs = {
             k: inputs[k] for k in self.input_keys if k not in self.position_only_keys and inputs.get(k) is not None
         }
-        out = self.model(
-            **model_inputs, position_ids=positions, past_key_values=cache, use_cache=True, logits_to_keep=1
-        )
+        with self._pruned(keep):
+            out = self.model(
+                **model_inputs, position_ids=positions, past_key_values=cache, use_cache=True, logits_to_keep=1
+            )
         rows = inputs["input_ids"].shape[0]
         return out.logits[:, -1], [int(positions[..., b, -1].max()) + 1 for b in range(rows)]
 
@@ -265,6 +275,16 @@ class ModelAdapter(ABC):
             use_cache=True,
         )
         return out.logits[0]
+
+
+def kept_index(keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """For `keep` (B, L) bool: `index` (B, W) of each row's kept tokens in order, left-padded (with indices of
+    dropped ones) to W, the most any row keeps, and `real` (B, W) marking the kept ones."""
+    counts = keep.sum(1)
+    width = int(counts.max())
+    index = torch.argsort(keep.to(torch.uint8), dim=1, stable=True)[:, keep.shape[1] - width :]
+    real = torch.arange(width, device=keep.device) >= (width - counts)[:, None]
+    return index, real
 
 
 def split_runs(mask: torch.Tensor) -> list[tuple[int, int]]:

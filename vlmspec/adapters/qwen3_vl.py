@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from transformers.image_utils import IMAGENET_STANDARD_MEAN, IMAGENET_STANDARD_STD
 
-from .base import VideoProcessing
+from .base import VideoProcessing, kept_index
 from .mrope import QWEN_VIDEO_DEFAULTS, MRopeAdapter
 
 
@@ -45,7 +45,8 @@ class Qwen3VLAdapter(MRopeAdapter):
     def prune_language_model_inputs(self, kwargs: dict[str, Any], keep: torch.Tensor) -> dict[str, Any]:
         visual = kwargs.get("visual_pos_masks")
         if visual is not None and kwargs.get("deepstack_visual_embeds") is not None:
-            kept_visual = keep[visual[0]]
+            kept_visual = keep[visual]
             kwargs["deepstack_visual_embeds"] = [e[kept_visual] for e in kwargs["deepstack_visual_embeds"]]
-            kwargs["visual_pos_masks"] = visual[:, keep]
+            index, real = kept_index(keep)
+            kwargs["visual_pos_masks"] = visual.gather(1, index).logical_and_(real)
         return super().prune_language_model_inputs(kwargs, keep)

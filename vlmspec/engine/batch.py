@@ -2,10 +2,10 @@
 
 A row is one prompt (its draft prompt pruned by its own verifier scores) with its own policy state, token sink and
 stopping. Prompts that join the batch together are prefilled in one left-padded target forward (each row's scores
-from its own rows of it), each draft prompt alone. Every step, the rows' trees grow level by level through one
-batched draft forward per level, are padded to a common size and verified by one target forward; acceptance runs
-per row on the device and all rows' results are read at once. A finished row leaves the batch at once and, while
-inputs remain, the next one is admitted in its place (continuous batching).
+from its own rows of it), then in one draft forward (each row cut to its own kept tokens). Every step, the rows'
+trees grow level by level through one batched draft forward per level, are padded to a common size and verified by
+one target forward; acceptance runs per row on the device and all rows' results are read at once. A finished row
+leaves the batch at once and, while inputs remain, the next one is admitted in its place (continuous batching).
 """
 
 from __future__ import annotations
@@ -186,7 +186,8 @@ class BatchDecoder:
         self, requests: list[RowRequest], target: RowRunner, draft: RowRunner
     ) -> list[tuple[RowRequest, _Row]]:
         """Prefill the target over the requests' prompts in one left-padded forward (each row's pruning scores taken
-        from its own rows of it), then each draft prompt alone; emit each first token and take the rows in."""
+        from its own rows of it), emit each first token, then prefill the draft over the prompts that go on in one
+        forward too (each row keeping its own visual tokens) and take those rows in."""
         single = self.single
         adapter, pruning = single.target.adapter, single.pruning
         batch = adapter.join_rows([r.target_inputs for r in requests], 0)
@@ -203,30 +204,66 @@ class BatchDecoder:
         with scoring(adapter, [s for s in scorers if s is not None]):
             logits, positions = single.target.prefill_rows(batch)
         seconds = (time.perf_counter() - started) / len(requests)
-        admitted = []
+        admitted, going_on = [], []
         for b, request in enumerate(requests):
-            settings = request.settings
             row = _Row(request, self.policy.for_row(), Drafter(draft, self.vocab_limit, self.draft_input_limit))
-            prefill = Prefilled(request.target_inputs, request.draft_inputs, settings.max_new_tokens)
-            prefill.logits, prefill.layout = logits[b], layouts[b]
-            prefill.prune = layouts[b] is not None and bool(layouts[b].mask.any())
-            prefill.scores = None if scorers[b] is None else scorers[b].scores
             scored = 0.0 if scorers[b] is None else scorers[b].seconds
             row.stats.phase_seconds["target_prefill"] += seconds - scored
             row.stats.phase_seconds["pruning"] += scored
             row.stats.target_prefill_tokens = length - pads[b]
-            first = settings.sampler.first(prefill.logits, row.sink.sequence)
+            first = request.settings.sampler.first(logits[b], row.sink.sequence)
             row.sink.emit(first[None])
             if not row.sink.finished:
-                timer = PhaseTimer(row.stats, single.target.device)
-                single.prefill_draft(prefill, row.stats, timer)
-                timer.collect(wait=True)
-                offset = positions[b] - (length - pads[b])
-                target.append_row(single.target.cache, settings.max_new_tokens, b, pads[b], offset)
-                draft.append(single.draft, settings.max_new_tokens)
                 row.pending = first[None].to(draft.device)
+                going_on.append(b)
             admitted.append((request, row))
+        if going_on:
+            keeps = [self._draft_keep(requests[b], layouts[b], scorers[b], admitted[b][1]) for b in going_on]
+            starts, lengths = self._prefill_drafts(
+                [requests[b] for b in going_on], keeps, [admitted[b][1] for b in going_on]
+            )
+            for b in going_on:
+                offset = positions[b] - (length - pads[b])
+                target.append_row(single.target.cache, requests[b].settings.max_new_tokens, b, pads[b], offset)
+            for i, b in enumerate(going_on):
+                draft.append_row(single.draft.cache, requests[b].settings.max_new_tokens, i, starts[i], lengths[i])
         return admitted
+
+    def _draft_keep(
+        self, request: RowRequest, layout: Any, scorer: VerifierScores | None, row: _Row
+    ) -> torch.Tensor | None:
+        """Which of the request's prompt tokens its draft sees (bool over its prompt), or None for all of them."""
+        if layout is None or not bool(layout.mask.any()):
+            return None
+        started = time.perf_counter()
+        has_video = self.single.target.adapter.has_video(request.target_inputs)
+        keep = self.single.pruning.keep_mask(layout, has_video, None if scorer is None else scorer.scores)
+        row.stats.phase_seconds["pruning"] += time.perf_counter() - started
+        return keep
+
+    def _prefill_drafts(
+        self, requests: list[RowRequest], keeps: list[torch.Tensor | None], rows: list[_Row]
+    ) -> tuple[list[int], list[int]]:
+        """Prefill the draft over the requests' prompts, each cut to its `keeps`, in one left-padded forward; returns
+        where each row's prompt starts in its cache row and how far its positions run past its cache indices."""
+        draft = self.single.draft
+        batch = draft.adapter.join_rows([r.draft_inputs for r in requests], 0)
+        width = batch["input_ids"].shape[1]
+        pads = [width - r.draft_inputs["input_ids"].shape[1] for r in requests]
+        keep = None
+        if any(k is not None for k in keeps):
+            keep = torch.zeros(batch["input_ids"].shape, dtype=torch.bool, device=batch["input_ids"].device)
+            for b, (pad, own) in enumerate(zip(pads, keeps, strict=True)):
+                keep[b, pad:] = True if own is None else own.to(keep.device)
+        started = time.perf_counter()
+        _, positions = draft.prefill_rows(batch, keep)
+        seconds = (time.perf_counter() - started) / len(requests)
+        counts = [width - pad for pad in pads] if keep is None else keep.sum(1).tolist()
+        for row, count in zip(rows, counts, strict=True):
+            row.stats.phase_seconds["draft_prefill"] += seconds
+            row.stats.draft_prefill_tokens = count
+        starts = [max(counts) - count for count in counts]
+        return starts, [position - count for position, count in zip(positions, counts, strict=True)]
 
     def _admit(self, request: RowRequest, target: RowRunner, draft: RowRunner) -> _Row:
         """Prefill a request alone (both models, pruning by its own verifier scores), emit its first token and, unless
@@ -265,7 +302,7 @@ class BatchDecoder:
     def _step(self, rows: list[_Row], target: RowRunner, draft: RowRunner, timer: PhaseTimer) -> None:
         """One draft -> verify -> accept -> commit step of every row."""
         step_started = time.perf_counter()
-        plans = [row.policy.plan() for row in rows]
+        plans = self.policy.plan_batch([row.policy for row in rows])
         draft_starts, target_starts = list(draft.lengths), list(target.lengths)
         with timer("drafting"):
             drafted, draft_forwards, draft_tokens = self._draft(rows, plans, draft)

@@ -61,14 +61,15 @@ class ModelRunner:
         self.offset = result.next_position - result.length
         return result.last_logits.to(self.device)
 
-    def prefill_rows(self, inputs: dict[str, Any]) -> tuple[torch.Tensor, list[int]]:
+    def prefill_rows(self, inputs: dict[str, Any], keep: torch.Tensor | None = None) -> tuple[torch.Tensor, list[int]]:
         """Run a left-padded batch of prompts (eager) into a cache of as many rows; returns each row's last-token
         logits `(B, V)` and the position of each row's next token. Row b's prompt sits in its cache row after its
-        padding, up to the batch's length."""
+        padding, up to the batch's length; with `keep` (B, L) bool, only its kept tokens, left-padded again to the
+        most any row keeps."""
         self.refresh()
         self.cache = SlabCache(self.adapter.layer_devices(), inputs["input_ids"].shape[1])
         with tree_attention(self.adapter.language_model.config):
-            logits, positions = self.adapter.prefill_rows(inputs, self.cache)
+            logits, positions = self.adapter.prefill_rows(inputs, self.cache, keep)
         self.cache.settle()
         return logits.to(self.device), positions
 

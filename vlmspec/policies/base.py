@@ -208,6 +208,11 @@ class TreePolicy(ABC):
     def plan(self) -> TreePlan:
         """The tree for the next step."""
 
+    def plan_batch(self, rows: Sequence[TreePolicy]) -> list[TreePlan]:
+        """The trees for the next step of a batch whose rows decode under `rows` (this policy's `for_row` copies):
+        by default each row plans alone; a policy that prices the batch's shared verification sizes them together."""
+        return [row.plan() for row in rows]
+
     def statistics(self, root_log_probs: torch.Tensor) -> torch.Tensor | None:
         """Values (a 1-D float tensor, on the device) the policy needs from a step's root distribution, read with
         the step's results and handed back as `StepOutcome.statistics`; None for none."""

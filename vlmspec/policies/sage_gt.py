@@ -12,11 +12,12 @@ Costs come from a `CostModel` fitted to this run's own steps; nothing is tuned t
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-from .base import StepOutcome, TreePlan, TreePolicy
+from .base import RankTreePlan, StepOutcome, TreePlan, TreePolicy
 from .calibration import AcceptanceCalibration
 from .cost_model import CostModel, StepCost
 from .sage import AdaptiveTreePlan, SageConfig, SagePolicy
@@ -139,6 +140,14 @@ class CostAwareTreePlan(AdaptiveTreePlan):
         return gain > fixed + per_node * self._values.shape[0]
 
 
+def _value_at(values: list[float], n: int, cap: int) -> float:
+    """The value of a row's (n+1)-th best node, from its last tree's `values` (best first) cut at most at `cap`
+    nodes: past a tree the cap cut, its last value again; past one that ended on its own, 0."""
+    if n < len(values):
+        return values[n]
+    return values[-1] if values and len(values) >= cap else 0.0
+
+
 class RateWindow:
     """Tokens per second over the last `window` steps."""
 
@@ -182,6 +191,7 @@ class SageGtPolicy(TreePolicy):
         self._first_step = True
         self._steps = 0
         self._last_tree: tuple[list[int], list[float]] | None = None
+        self._cap: int | None = None
 
     def reset(self) -> None:
         self.sage.reset()
@@ -240,6 +250,37 @@ class SageGtPolicy(TreePolicy):
             masked=c.sage.fixed_shapes,
             paying_levels=self._paying_levels(forward_floor),
         )
+
+    def plan_batch(self, rows: Sequence[TreePolicy]) -> list[TreePlan]:
+        """Each row's tree, all capped at one node count: the verification carries every row's tree padded to the
+        largest, so one more node in the largest tree costs a token in every row. The cap is the largest n at which
+        the rows' n-th most valuable nodes (calibrated, from their last trees) are worth, on average, what a token
+        of the batch's verification costs. Past its own tree's end a row counts 0, unless the last cap cut its tree:
+        then it counts its last node's value again, up to twice that cap, so the cap grows back while it pays. A row
+        just admitted starts from the first levels of SAGE's first tree."""
+        plans = [row.plan() for row in rows]
+        known = [
+            (plan, row._last_tree)
+            for plan, row in zip(plans, rows, strict=True)
+            if isinstance(plan, CostAwareTreePlan) and isinstance(row, SageGtPolicy) and row._last_tree is not None
+        ]
+        if len(plans) < 2 or not known:
+            self._cap = None
+            return plans
+        price = sum(plan.node_floor for plan, _ in known) / len(known)
+        values = [sorted(self.calibration.node_values(*tree)[1:], reverse=True) for _, tree in known]
+        last_cap = max(len(v) for v in values) if self._cap is None else self._cap
+        limit = 2 * last_cap + 1
+        cap = 0
+        while cap < limit and sum(_value_at(v, cap, last_cap) for v in values) > price * len(values):
+            cap += 1
+        self._cap = cap
+        for b, plan in enumerate(plans):
+            if isinstance(plan, CostAwareTreePlan):
+                plan.max_nodes = min(plan.max_nodes, max(cap, int(plan.explore)))
+            elif isinstance(plan, RankTreePlan) and plan.max_nodes > cap:
+                plans[b] = RankTreePlan(plan.paths[: max(cap, 1)])
+        return plans
 
     def _paying_levels(self, forward_floor: tuple[float, float]) -> int:
         """How many levels a masked plan grows: 1 + the run of the last tree's levels from the first on whose
