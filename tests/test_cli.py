@@ -181,3 +181,8 @@ def test_bench_sampling_flags_become_the_generation_settings_of_every_method():
 def test_bench_refuses_sampling_settings_without_do_sample(capsys):
     code, err = exit_code(capsys, ["bench", "--temperature", "0.7"])
     assert code == EXIT_CONFIGURATION and "--do-sample" in err
+
+
+def test_bench_refuses_repeats_without_batch_sizes(capsys):
+    code, err = exit_code(capsys, ["bench", "--repeats", "3"])
+    assert code == EXIT_CONFIGURATION and "--batch-size" in err

@@ -10,6 +10,7 @@ import torch
 
 from vlmspec import SpeculativeVLM
 from vlmspec.eval.accuracy import score_caption
+from vlmspec.eval.batch_bench import markdown_batch_report, run_batch_bench
 from vlmspec.eval.bench import METHODS, autocorrelation, run_bench, write_report
 from vlmspec.eval.synthetic import HELD_OUT_BASE, VIDEO_FRAMES, items, make_item
 
@@ -67,6 +68,21 @@ def test_bench_runs_every_method_on_the_same_inputs(tmp_path, qwen):
     assert set(saved["methods"]["sage"]) >= {"tau", "tokens_per_s", "speedup", "exact_match"}
     for name in ("results.md", "speedup.png", "tau_distribution.png", "entropy_autocorrelation.png", "sage_steps.png"):
         assert (tmp_path / name).stat().st_size > 0
+
+
+def test_the_batched_bench_times_every_method_at_every_batch_size_against_plain_generate(qwen):
+    spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"], processor=qwen.processor)
+    results = run_batch_bench(spec, "image", ["chain", "sage-gt"], 3, 6, [1, 2], repeats=3, progress=False)
+    assert list(results["table"]) == ["generate", "chain", "sage-gt"]
+    for cells in results["table"].values():
+        for cell in cells.values():
+            assert cell["exact_match"] == 1.0
+            assert len(cell["runs_seconds"]) == 3
+            assert cell["seconds"] == sorted(cell["runs_seconds"])[1]
+            assert cell["tokens_per_s"] == pytest.approx(cell["new_tokens"] / cell["seconds"])
+    report = markdown_batch_report(results, "vlmspec bench --batch-size 1,2 --repeats 3")
+    assert "median of 3 runs" in report
+    assert "| chain | " in report and "x) |" in report
 
 
 SAMPLED = {"do_sample": True, "temperature": 1.5, "top_k": 50, "top_p": 0.9}

@@ -193,7 +193,9 @@ def _batch_bench(spec, args: argparse.Namespace) -> None:
     from .eval.batch_bench import BATCH_METHODS, markdown_batch_report, run_batch_bench
 
     methods = [m for m in args.methods.split(",") if m in BATCH_METHODS] or list(BATCH_METHODS)
-    results = run_batch_bench(spec, args.suite, methods, args.n, args.max_new_tokens, args.batch_size)
+    results = run_batch_bench(
+        spec, args.suite, methods, args.n, args.max_new_tokens, args.batch_size, repeats=args.repeats
+    )
     command = "vlmspec " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -404,6 +406,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated batch sizes (e.g. 1,4,8,16,32): plain batched generate against chain, sage and sage-gt "
         "decoding that many sequences at once (greedy)",
     )
+    bench.add_argument(
+        "--repeats",
+        type=_number(int, 1),
+        default=1,
+        help="with --batch-size: time every cell this many times, in turns, and report the median (default 1)",
+    )
     _add_compile_option(bench)
     _add_bench_generation_options(bench)
     bench.set_defaults(run=_bench)
@@ -434,6 +442,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--model and --draft go together (neither: the bundled demo pair)")
     if getattr(args, "retry_errors", False) and not args.resume:
         parser.error("--retry-errors continues an existing output: add --resume")
+    if args.command == "bench" and args.batch_size is None and args.repeats != 1:
+        parser.error("--repeats times the batched bench's cells: add --batch-size")
     if args.command == "bench" and args.batch_size is not None and args.do_sample:
         parser.error("--batch-size benches greedy decoding: drop --do-sample")
     if args.command == "bench" and not args.do_sample and any(getattr(args, name) is not None for name in SHAPING):

@@ -37,9 +37,17 @@ def run_batch_bench(
     n: int,
     max_new_tokens: int,
     batch_sizes: list[int],
+    repeats: int = 1,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Tokens per second of plain batched `generate` and of each method at every batch size (greedy decoding)."""
+    """Tokens per second of plain batched `generate` and of each method at every batch size (greedy decoding).
+
+    With `repeats` > 1 every cell is timed that many times, in turns (plain `generate`, then each method, then again),
+    and its tokens per second come from the median time: on a machine whose speed drifts by more than the margins
+    measured, one run per cell settles nothing. Every run's ids are checked.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
     unknown = [m for m in methods if m not in BATCH_METHODS]
     if unknown:
         raise ValueError(f"unknown methods for a batched bench {unknown}; choose from {', '.join(BATCH_METHODS)}")
@@ -52,7 +60,9 @@ def run_batch_bench(
     device = target.device
     generation = dict(do_sample=False, max_new_tokens=max_new_tokens)
     runners = {m: spec.with_options(*_SPEC_METHODS[m]) for m in methods}
-    bar = tqdm(total=len(batch_sizes) * (1 + len(methods)) + 1, desc=f"batched bench {suite}", disable=not progress)
+    bar = tqdm(
+        total=len(batch_sizes) * (1 + len(methods)) * repeats + 1, desc=f"batched bench {suite}", disable=not progress
+    )
     # Warm-up (not timed): one batch of each kind, so first-call costs fall on none of the timed runs.
     _plain(target, adapter, inputs[: max(batch_sizes)], max(batch_sizes), pad, device, generation)
     for runner in runners.values():
@@ -61,28 +71,35 @@ def run_batch_bench(
     references: list[torch.Tensor] = []
     table: dict[str, dict[int, dict[str, float]]] = {"generate": {}, **{m: {} for m in methods}}
     for size in batch_sizes:
-        start = time.perf_counter()
-        outputs = _plain(target, adapter, inputs, size, pad, device, generation)
-        seconds = time.perf_counter() - start
-        rows = [new_tokens(out, item["input_ids"].shape[1], eos_ids) for out, item in zip(outputs, inputs, strict=True)]
-        if not references:
-            references = rows
-        table["generate"][size] = _cell(rows, references, seconds)
-        bar.update()
-        for method, runner in runners.items():
-            items = ((i, {k: v.to(device) for k, v in item.items()}) for i, item in enumerate(inputs))
+        runs: dict[str, list[dict[str, float]]] = {name: [] for name in table}
+        for _ in range(repeats):
             start = time.perf_counter()
-            results = sorted(runner.stream(items, batch_size=size, **generation), key=lambda r: r.key)
+            outputs = _plain(target, adapter, inputs, size, pad, device, generation)
             seconds = time.perf_counter() - start
-            rows = [r.sequence[0, inputs[r.key]["input_ids"].shape[1] :] for r in results]
-            table[method][size] = _cell(rows, references, seconds)
+            rows = [
+                new_tokens(out, item["input_ids"].shape[1], eos_ids) for out, item in zip(outputs, inputs, strict=True)
+            ]
+            if not references:
+                references = rows
+            runs["generate"].append(_cell(rows, references, seconds))
             bar.update()
+            for method, runner in runners.items():
+                items = ((i, {k: v.to(device) for k, v in item.items()}) for i, item in enumerate(inputs))
+                start = time.perf_counter()
+                results = sorted(runner.stream(items, batch_size=size, **generation), key=lambda r: r.key)
+                seconds = time.perf_counter() - start
+                rows = [r.sequence[0, inputs[r.key]["input_ids"].shape[1] :] for r in results]
+                runs[method].append(_cell(rows, references, seconds))
+                bar.update()
+        for name, cells in runs.items():
+            table[name][size] = _median_cell(cells)
     bar.close()
     return {
         "suite": suite,
         "n": len(inputs),
         "max_new_tokens": max_new_tokens,
         "batch_sizes": batch_sizes,
+        "repeats": repeats,
         "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}",
         "device": str(device),
         "table": table,
@@ -108,6 +125,16 @@ def _cell(rows: list[torch.Tensor], references: list[torch.Tensor], seconds: flo
     return {"tokens_per_s": tokens / seconds, "seconds": seconds, "new_tokens": tokens, "exact_match": exact}
 
 
+def _median_cell(runs: list[dict[str, float]]) -> dict[str, Any]:
+    """One cell from its runs: the median time's, the lowest exact match of any run, and every run's time."""
+    median = sorted(runs, key=lambda run: run["seconds"])[(len(runs) - 1) // 2]
+    return {
+        **median,
+        "exact_match": min(run["exact_match"] for run in runs),
+        "runs_seconds": [run["seconds"] for run in runs],
+    }
+
+
 def markdown_batch_report(results: dict[str, Any], command: str) -> str:
     """Tokens per second per method and batch size, with the ratio to plain `generate` at the same batch size."""
     sizes = results["batch_sizes"]
@@ -118,7 +145,9 @@ def markdown_batch_report(results: dict[str, Any], command: str) -> str:
         "",
         f"Command: `{command}`",
         "",
-        "Tokens/s (ratio to plain `generate` at the same batch size; exact match per item against batch-1 `generate`):",
+        "Tokens/s"
+        + ("" if results.get("repeats", 1) == 1 else f", median of {results['repeats']} runs taken in turns")
+        + " (ratio to plain `generate` at the same batch size; exact match per item against batch-1 `generate`):",
         "",
         "| method | " + " | ".join(f"B={b}" for b in sizes) + " |",
         "| --- |" + " --- |" * len(sizes),
