@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from ..adapters import VisualLayout
 from ..policies import BatchShape, TreePlan, TreePolicy
 from ..pruning import VerifierScores, scoring
 from .draft import Drafted, Drafter
@@ -230,14 +231,13 @@ class BatchDecoder:
         return admitted
 
     def _draft_keep(
-        self, request: RowRequest, layout: Any, scorer: VerifierScores | None, row: _Row
+        self, request: RowRequest, layout: VisualLayout | None, scorer: VerifierScores | None, row: _Row
     ) -> torch.Tensor | None:
         """Which of the request's prompt tokens its draft sees (bool over its prompt), or None for all of them."""
         if layout is None or not bool(layout.mask.any()):
             return None
         started = time.perf_counter()
-        has_video = self.single.target.adapter.has_video(request.target_inputs)
-        keep = self.single.pruning.keep_mask(layout, has_video, None if scorer is None else scorer.scores)
+        keep = self.single.draft_keep(request.target_inputs, layout, None if scorer is None else scorer.scores)
         row.stats.phase_seconds["pruning"] += time.perf_counter() - started
         return keep
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from ..adapters import VisualLayout
 from ..policies import BatchShape, StepOutcome, TreePlan, TreePolicy
 from ..pruning import PruningConfig, VerifierScores
 from .accept import Verdict
@@ -172,14 +173,21 @@ class SpeculativeDecoder:
             stats.phase_seconds["pruning"] += scorer.seconds
         prefill.layout, prefill.scores = layout, None if scorer is None else scorer.scores
 
+    def draft_keep(
+        self, target_inputs: dict[str, Any], layout: VisualLayout, scores: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Which prompt tokens the draft sees (bool over the prompt, on the draft's device): every text token and the
+        visual tokens pruning keeps, chosen by the verifier's `scores` where there are some."""
+        has_video = self.target.adapter.has_video(target_inputs)
+        return self.pruning.keep_mask(layout, has_video, scores).to(self.draft.device)
+
     def prefill_draft(self, prefill: Prefilled, stats: SpecStats, timer: PhaseTimer) -> None:
         """Run the draft over the prompt, keeping only the visual tokens pruning leaves it."""
-        draft, pruning = self.draft, self.pruning
+        draft = self.draft
         keep = None
         if prefill.prune:
             with timer("pruning"):
-                has_video = self.target.adapter.has_video(prefill.target_inputs)
-                keep = pruning.keep_mask(prefill.layout, has_video, prefill.scores).to(draft.device)
+                keep = self.draft_keep(prefill.target_inputs, prefill.layout, prefill.scores)
         with timer("draft_prefill"):
             draft.prefill(prefill.draft_inputs, keep, room=prefill.room)
         prefill.draft_length = draft.length
