@@ -195,9 +195,10 @@ class BatchDecoder:
         length = batch["input_ids"].shape[1]
         pads = [length - r.target_inputs["input_ids"].shape[1] for r in requests]
         layouts = [None if pruning is None else adapter.visual_layout(r.target_inputs) for r in requests]
+        prunes = [layout is not None and bool(layout.mask.any()) for layout in layouts]
         scorers = [
             VerifierScores(adapter, layout, pruning.layers, b, pads[b])
-            if layout is not None and bool(layout.mask.any()) and pruning.method == "verifier"
+            if prunes[b] and pruning.method == "verifier"
             else None
             for b, layout in enumerate(layouts)
         ]
@@ -219,7 +220,10 @@ class BatchDecoder:
                 going_on.append(b)
             admitted.append((request, row))
         if going_on:
-            keeps = [self._draft_keep(requests[b], layouts[b], scorers[b], admitted[b][1]) for b in going_on]
+            keeps = [
+                self._draft_keep(requests[b], layouts[b], scorers[b], admitted[b][1]) if prunes[b] else None
+                for b in going_on
+            ]
             starts, lengths = self._prefill_drafts(
                 [requests[b] for b in going_on], keeps, [admitted[b][1] for b in going_on]
             )
@@ -231,11 +235,9 @@ class BatchDecoder:
         return admitted
 
     def _draft_keep(
-        self, request: RowRequest, layout: VisualLayout | None, scorer: VerifierScores | None, row: _Row
-    ) -> torch.Tensor | None:
-        """Which of the request's prompt tokens its draft sees (bool over its prompt), or None for all of them."""
-        if layout is None or not bool(layout.mask.any()):
-            return None
+        self, request: RowRequest, layout: VisualLayout, scorer: VerifierScores | None, row: _Row
+    ) -> torch.Tensor:
+        """Which of the request's prompt tokens its pruned draft prompt keeps (bool over its prompt)."""
         started = time.perf_counter()
         keep = self.single.draft_keep(request.target_inputs, layout, None if scorer is None else scorer.scores)
         row.stats.phase_seconds["pruning"] += time.perf_counter() - started
@@ -254,7 +256,7 @@ class BatchDecoder:
         if any(k is not None for k in keeps):
             keep = torch.zeros(batch["input_ids"].shape, dtype=torch.bool, device=batch["input_ids"].device)
             for b, (pad, own) in enumerate(zip(pads, keeps, strict=True)):
-                keep[b, pad:] = True if own is None else own.to(keep.device)
+                keep[b, pad:] = True if own is None else own
         started = time.perf_counter()
         _, positions = draft.prefill_rows(batch, keep)
         seconds = (time.perf_counter() - started) / len(requests)
