@@ -13,7 +13,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from .adapters import adapter_for
 from .engine.batch import BatchDecoder, RowRequest, RowResult
 from .engine.budget import KVBudget
-from .engine.compiled import LARGEST_FORWARD, compiled_forward
+from .engine.compiled import LARGEST_FORWARD, CompileGuard, compiled_forward
 from .engine.loop import SpeculativeDecoder
 from .engine.runner import ModelRunner
 from .engine.stats import SpecStats
@@ -67,7 +67,9 @@ class SpeculativeVLM:
 
     `compile` (`"auto"`, True/`"on"`, False/`"off"`) runs both models' decoding forwards through `torch.compile`
     at fixed shapes (CUDA graphs on a GPU); `"auto"` compiles on CUDA only, and the `VLMSPEC_COMPILE` environment
-    variable overrides it. Each padded size compiles on first use; quantised or offloaded models run eager.
+    variable overrides it. Each padded size compiles on first use; quantised or offloaded models run eager. Under
+    `"auto"` a compiled forward that raises, or whose tokens differ from eager ones on a short greedy decode (checked
+    once per model at first use), turns the pair eager for good with one warning; `"on"` raises instead.
     """
 
     def __init__(
@@ -90,8 +92,9 @@ class SpeculativeVLM:
         self.processor = processor
         self.vocab_size = vocab_size
         self.compile = compile
-        self._target_runner = ModelRunner(target_adapter, compiled_forward(target, compile, "target"))
-        self._draft_runner = ModelRunner(draft_adapter, compiled_forward(draft, compile, "draft"))
+        guard = CompileGuard(compile)
+        self._target_runner = ModelRunner(target_adapter, compiled_forward(target, compile, "target"), guard, "target")
+        self._draft_runner = ModelRunner(draft_adapter, compiled_forward(draft, compile, "draft"), guard, "draft")
         if vocab_size is None and processor is not None and getattr(processor, "tokenizer", None) is not None:
             vocab_size = len(processor.tokenizer)
         vocab_limit = check_vocabularies(target, draft, vocab_size)
@@ -348,7 +351,9 @@ class SpeculativeVLM:
         model_inputs = {k: inputs[k] for k in keys if inputs.get(k) is not None}
         for runner in (self._target_runner, self._draft_runner):
             if runner.compiled is not None:
-                runner.prefill(_to_device(model_inputs, runner.adapter.device), room=max_new_tokens)
+                runner.check_compiled(
+                    runner.prefill(_to_device(model_inputs, runner.adapter.device), room=max_new_tokens)
+                )
                 runner.warm_up(LARGEST_FORWARD)
         return time.perf_counter() - started
 

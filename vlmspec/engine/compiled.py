@@ -9,6 +9,10 @@ per forward instead of hundreds of launches. On the CPU inductor fuses the forwa
 in the steady state (0.27 s against 0.34 s a call of 64 tokens), but compiling every padded size takes 20-50 s,
 which a one-off call or a short job never earns back (docs/benchmarks.md); on CUDA, where launches cost, the rule
 awaits a measurement. Quantised (bitsandbytes) and offloaded models always run eager.
+
+`"auto"` must never cost a user their output: a pair's `CompileGuard` sends it back to eager for good, with one
+warning, when a compiled forward raises (compiling, capturing a CUDA graph, or replaying it) or when, checked once per
+model at first use, its compiled forwards choose other tokens than its eager ones. `"on"` raises instead.
 """
 
 from __future__ import annotations
@@ -16,10 +20,14 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch.utils._triton import has_triton
 from transformers import PreTrainedModel
+
+if TYPE_CHECKING:
+    from .runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +38,10 @@ COMPILE_ENV = "VLMSPEC_COMPILE"
 #: Where a model keeps its compiled form (in its `__dict__`, not as a submodule), so every wrapper of the model
 #: shares its compiled graphs and they go when the model goes.
 _ATTRIBUTE = "_vlmspec_compiled"
+#: Device types on which `compile="auto"` compiles: where each kernel launch costs enough for graphs to pay.
+AUTO_DEVICE_TYPES = ("cuda",)
+#: Tokens of the greedy decode that checks, once per model under `"auto"`, its compiled forwards against eager ones.
+CHECK_TOKENS = 8
 #: Graphs one forward may hold (padded sizes x cache capacities x models); torch's default of 8 would send
 #: further shapes back to eager.
 RECOMPILE_LIMIT = 64
@@ -61,10 +73,11 @@ def _why_eager(model: PreTrainedModel) -> str | None:
 
 def compiled_forward(model: PreTrainedModel, setting: str | bool, role: str) -> Callable | None:
     """The compiled module to run `model`'s decoding forwards through, or None to run them eager (with a one-line
-    notice, once per model, when compiling was asked for or is the default and cannot be had)."""
+    notice, once per model, when compiling was asked for or is the default and cannot be had). Under `"auto"` a model
+    whose compiled forwards once failed, or failed their check, runs eager (it was reported then)."""
     choice = resolve_compile(setting)
     device = model.get_input_embeddings().weight.device
-    if choice == "off" or (choice == "auto" and device.type != "cuda"):
+    if choice == "off" or (choice == "auto" and device.type not in AUTO_DEVICE_TYPES):
         return None
     why = _why_eager(model)
     if why is None and device.type == "cuda" and not has_triton():
@@ -79,18 +92,24 @@ def compiled_forward(model: PreTrainedModel, setting: str | bool, role: str) -> 
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         mode = "reduce-overhead" if device.type == "cuda" else None
         held = model.__dict__[_ATTRIBUTE] = _Held(torch.compile(model, dynamic=False, mode=mode), id(model))
+    if choice == "auto" and held.failure is not None:
+        return None
     return held.module
 
 
 class _Held:
     """A model's compiled form, kept in the model's `__dict__` and valid for that model only: copies and pickles
-    of the model leave it behind or ignore it (a copy compiles its own), so it never runs another model's weights."""
+    of the model leave it behind or ignore it (a copy compiles its own), so it never runs another model's weights.
+    `checked` says its compiled forwards passed the check against eager ones; `failure` why they must not run under
+    `"auto"` (every wrapper of the model, e.g. `SpeculativeVLM.with_options`, then runs it eager)."""
 
-    __slots__ = ("module", "owner")
+    __slots__ = ("module", "owner", "checked", "failure")
 
     def __init__(self, module: Callable, owner: int):
         self.module = module
         self.owner = owner
+        self.checked = False
+        self.failure: str | None = None
 
     def __copy__(self) -> None:
         return None
@@ -100,6 +119,73 @@ class _Held:
 
     def __reduce__(self) -> tuple:
         return type(None), ()
+
+
+def _held(model: PreTrainedModel) -> _Held | None:
+    held = model.__dict__.get(_ATTRIBUTE)
+    return held if held is not None and held.owner == id(model) else None
+
+
+class CompileGuard:
+    """What a pair does when its compiled forwards misbehave. Under `compile="on"` (`strict`) a forward that raises
+    raises. Under `"auto"` the pair (both models) runs eager from then on, with one warning that names the error and
+    `compile="on"` as the way to see it raise; a forward that failed is run again eager, so the call in flight loses
+    nothing. Under `"auto"` each model is also checked once at first use (`ModelRunner.check_compiled`): its compiled
+    forwards must choose the tokens its eager ones choose on a short greedy decode, or the pair falls back the same way.
+    """
+
+    def __init__(self, setting: str | bool):
+        self.strict = resolve_compile(setting) == "on"
+        self.runners: list[ModelRunner] = []
+
+    def attach(self, runner: ModelRunner) -> None:
+        """Count `runner` (whose forwards run compiled) in the pair: a fallback turns it eager too."""
+        self.runners.append(runner)
+
+    def needs_check(self, runner: ModelRunner) -> bool:
+        """Whether `runner`'s compiled forwards are still to be checked against its eager ones (under `"auto"` only)."""
+        held = _held(runner.adapter.model)
+        return not self.strict and runner.compiled is not None and held is not None and not held.checked
+
+    def passed(self, runner: ModelRunner) -> None:
+        """`runner`'s model passed its check: no wrapper of it checks it again."""
+        held = _held(runner.adapter.model)
+        if held is not None:
+            held.checked = True
+
+    def fall_back(self, what: str, error: Exception | None = None) -> None:
+        """`what` went wrong in a compiled forward (`error`, if it raised): raise it under `"on"`; under `"auto"` run
+        the pair eager from now on (every wrapper of its models too) and say so once."""
+        if self.strict and error is not None:
+            raise error
+        reason = what if error is None else f"{what} raised {_describe(error)}"
+        for runner in self.runners:
+            held = _held(runner.adapter.model)
+            if held is not None:
+                held.failure = reason
+            runner.compiled = None
+        logger.warning(
+            "vlmspec: compiled decoding is off for this pair (target and draft run eager from now on): %s. "
+            'Pass compile="on" (--compile on, or %s=on) to %s.',
+            reason,
+            COMPILE_ENV,
+            "see it raise" if error is not None else "run it compiled regardless",
+        )
+
+
+def _describe(error: BaseException) -> str:
+    """An error's type and first line, and those of its root cause (compiler errors wrap the real one, as dynamo's
+    `inner_exception` or as the cause, and run to pages)."""
+    root = error
+    while (inner := getattr(root, "inner_exception", None) or root.__cause__) is not None:
+        root = inner
+    text = f"{type(error).__name__}: {_first_line(error)}"
+    return text if root is error else f"{text} (caused by {type(root).__name__}: {_first_line(root)})"
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else "(no message)"
 
 
 #: The most tokens a decoding forward feeds: a tree of 64 nodes and its root (the policies' node cap).

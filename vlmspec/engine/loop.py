@@ -166,6 +166,8 @@ class SpeculativeDecoder:
             scorer = VerifierScores(target.adapter, layout, pruning.layers) if verifier else None
         with timer("target_prefill"), scorer or nullcontext():
             prefill.logits = target.prefill(prefill.target_inputs, room=prefill.room)
+        with timer("target_prefill"):
+            target.check_compiled(prefill.logits)
         prefill.target_length = target.length
         stats.target_prefill_tokens = target.length
         if scorer is not None:
@@ -189,7 +191,7 @@ class SpeculativeDecoder:
             with timer("pruning"):
                 keep = self.draft_keep(prefill.target_inputs, prefill.layout, prefill.scores)
         with timer("draft_prefill"):
-            draft.prefill(prefill.draft_inputs, keep, room=prefill.room)
+            draft.check_compiled(draft.prefill(prefill.draft_inputs, keep, room=prefill.room))
         prefill.draft_length = draft.length
         stats.draft_prefill_tokens = draft.length
 

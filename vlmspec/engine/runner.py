@@ -10,7 +10,7 @@ import torch
 from ..adapters import ModelAdapter
 from ..attention import tree_attention
 from .cache import TREE_ROOM, SlabCache, check_cache, fixed_capacity
-from .compiled import fixed_mask, padded_size, padded_sizes
+from .compiled import CHECK_TOKENS, CompileGuard, fixed_mask, padded_size, padded_sizes
 from .tree import additive_mask
 
 
@@ -22,12 +22,23 @@ class ModelRunner:
 
     With `compiled` (the model under `torch.compile`), decoding forwards run fixed-shape through it: tokens padded
     to one of a few sizes, the cache fixed at a rounded capacity, the mask spanning it; the cache's buffers are kept
-    from call to call (a call that needs more room grows them). Prompts always run eager.
+    from call to call (a call that needs more room grows them). Prompts always run eager. `guard` (the pair's) decides
+    what a compiled forward that fails does: raise, or turn the pair eager and run the forward again eager.
     """
 
-    def __init__(self, adapter: ModelAdapter, compiled: Callable | None = None):
+    def __init__(
+        self,
+        adapter: ModelAdapter,
+        compiled: Callable | None = None,
+        guard: CompileGuard | None = None,
+        role: str = "model",
+    ):
         self.adapter = adapter
         self.compiled = compiled
+        self.role = role
+        self.guard = guard if compiled is not None else None
+        if self.guard is not None:
+            self.guard.attach(self)
         self.cache: SlabCache | None = None
         self.offset = 0
         check_cache(adapter.model.config)
@@ -56,9 +67,9 @@ class ModelRunner:
         with tree_attention(self.adapter.language_model.config):
             result = self.adapter.prefill(inputs, self.cache, keep)
         self.cache.settle()
+        self.offset = result.next_position - result.length
         if self.compiled is not None:
             self.cache.fix()
-        self.offset = result.next_position - result.length
         return result.last_logits.to(self.device)
 
     def prefill_rows(self, inputs: dict[str, Any], keep: torch.Tensor | None = None) -> tuple[torch.Tensor, list[int]]:
@@ -81,8 +92,8 @@ class ModelRunner:
         """Append `tokens` at positions `position(base_index) + depths`; `bias` (1, 1, q, k) is the additive mask
         over the last k keys (the tokens' own and those of earlier tree levels), every key before them is seen."""
         positions = depths + self.position(base_index)
-        if self.compiled is not None:
-            return self._fixed_forward(tokens, positions, bias)
+        if self.cache.fixed:
+            return self._fixed_forward(tokens, positions, bias, compiled=True)
         with tree_attention(self.adapter.language_model.config):
             logits = self.adapter.decode(tokens, positions, bias, self.cache)
         self.cache.settle()
@@ -93,13 +104,55 @@ class ModelRunner:
         leaving the cache as it was."""
         start = self.length
         for size in padded_sizes(largest):
+            if self.compiled is None:
+                return
             tokens = torch.zeros(size, dtype=torch.long, device=self.device)
             depths = torch.arange(1, size + 1, device=self.device)
             self.forward(tokens, depths, self.causal_bias(size), start)
             self.keep(start, tokens[:0])
 
-    def _fixed_forward(self, tokens: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        """`forward` through the compiled model at the padded size, over the whole fixed cache."""
+    def check_compiled(self, logits: torch.Tensor) -> None:
+        """Once per model under `compile="auto"`, right after a prompt (whose last `logits` are given): decode
+        `CHECK_TOKENS` tokens greedily through the compiled forward and through the eager one, one token at a time and
+        then the same tokens as one causal block, and report to the guard whether both chose the same tokens. The
+        cache is left as the prompt left it. Run it outside any observer of the prompt's attention (pruning scores)."""
+        if self.guard is None or not self.guard.needs_check(self):
+            return
+        chosen = {}
+        for compiled in (True, False):
+            chosen[compiled] = self._greedy_check(logits.reshape(-1)[None].argmax(-1), compiled)
+            if self.compiled is None:
+                return
+        if chosen[True] == chosen[False]:
+            self.guard.passed(self)
+        else:
+            self.guard.fall_back(
+                f"the {self.role}'s compiled forwards chose other tokens than its eager ones on a {CHECK_TOKENS}-token "
+                f"greedy decode (compiled {chosen[True]}, eager {chosen[False]})"
+            )
+
+    def _greedy_check(self, first: torch.Tensor, compiled: bool) -> list[int]:
+        """The tokens `check_compiled` compares, from one run of fixed-shape forwards, compiled or eager."""
+        start, fed, chosen = self.length, [first], []
+        for _ in range(CHECK_TOKENS):
+            position = torch.full((1,), self.position(self.length), device=self.device)
+            logits = self._fixed_forward(fed[-1], position, self.causal_bias(1), compiled)
+            chosen.append(logits[-1:].argmax(-1))
+            fed.append(chosen[-1])
+        self.keep(start, first[:0])
+        block = torch.cat(fed[:-1])
+        positions = torch.arange(CHECK_TOKENS, device=self.device) + self.position(start)
+        chosen.append(self._fixed_forward(block, positions, self.causal_bias(CHECK_TOKENS), compiled).argmax(-1))
+        self.keep(start, first[:0])
+        return torch.cat(chosen).tolist()
+
+    def _fixed_forward(
+        self, tokens: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor, compiled: bool
+    ) -> torch.Tensor:
+        """`forward` at the padded size over the whole fixed cache, through the compiled model (while the pair runs
+        compiled, and `compiled` asks for it) or the model itself. A compiled forward that raises goes to the guard,
+        which raises it or turns the pair eager; then the forward runs again eager (it wrote only past the cache's
+        length, which the next forward overwrites)."""
         count, cache = tokens.shape[0], self.cache
         size = padded_size(count)
         cache.reserve(cache.length + size)
@@ -107,8 +160,17 @@ class ModelRunner:
             tokens = torch.cat([tokens, tokens.new_zeros(size - count)])
             positions = torch.cat([positions, positions[-1:].expand(size - count)])
         mask = fixed_mask(bias, cache.length + count, size, cache.capacity)
+        module = self.compiled if compiled else None
         with tree_attention(self.adapter.language_model.config):
-            logits = self.adapter.decode(tokens, positions, mask, cache, self.compiled)[:count]
+            try:
+                logits = self.adapter.decode(tokens, positions, mask, cache, module)
+            except Exception as error:
+                if module is None or self.guard is None:
+                    raise
+                self.guard.fall_back(f"the {self.role}'s compiled {size}-token forward", error)
+                cache.reserve(cache.length + size)
+                logits = self.adapter.decode(tokens, positions, mask, cache)
+        logits = logits[:count]
         cache.advance(count)
         # A CUDA graph's outputs live in its memory pool, which its next replay overwrites.
         return logits.clone() if logits.device.type == "cuda" else logits.to(self.device)
