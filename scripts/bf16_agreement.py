@@ -3,13 +3,15 @@
 In bf16 a tree-batched forward can differ from one-token decoding in the last bits and flip a near-tie; HF
 assisted generation verifies a chain in one forward and meets the same arithmetic. Pairs: the replicas of the
 released checkpoints (random weights, released files; Qwen3-VL with do_sample=False) and the trained demo pair.
-Usage: python scripts/bf16_agreement.py [--n 24] [--max-new-tokens 32]
+Usage: python scripts/bf16_agreement.py [--n 24] [--max-new-tokens 32] [--device cuda] [--out DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -54,29 +56,48 @@ def agreement(spec: SpeculativeVLM, inputs: list[dict[str, Any]], max_new_tokens
     return ours, hf
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=24)
     parser.add_argument("--max-new-tokens", type=int, default=32)
-    args = parser.parse_args()
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--out", help="also write the table as results.md and the counts as results.json here")
+    args = parser.parse_args(argv)
     torch.manual_seed(0)
-    print(f"bfloat16, {args.max_new_tokens} new tokens per item")
-    print("| pair | items | vlmspec equals generate | HF assisted equals generate |")
-    print("| --- | --- | --- | --- |")
+    device = torch.device(args.device)
+    lines = [
+        f"bfloat16 on {device}, {args.max_new_tokens} new tokens per item",
+        "",
+        "| pair | items | vlmspec equals generate | HF assisted equals generate |",
+        "| --- | --- | --- | --- |",
+    ]
+    print("\n".join(lines), flush=True)
+    rows = []
     with tempfile.TemporaryDirectory() as root:
         pairs = {f"replica {name}": paths for name, paths in write_replicas(root).items()}
         pairs["demo pair"] = tuple(str(p) for p in demo_pair())
         for name, (target, draft) in pairs.items():
-            spec = SpeculativeVLM.from_pretrained(target, draft, torch_dtype=torch.bfloat16)
+            spec = SpeculativeVLM.from_pretrained(
+                target, draft, torch_dtype=torch.bfloat16, device_map={"": str(device)}
+            )
             if name == "demo pair":
                 inputs = suite_inputs(spec.processor, "image", args.n // 2) + suite_inputs(
                     spec.processor, "video", args.n - args.n // 2
                 )
             else:
                 inputs = replica_inputs(spec, args.n)
+            inputs = [{k: v.to(device) for k, v in item.items()} for item in inputs]
             ours, hf = agreement(spec, inputs, args.max_new_tokens)
             hf_text = f"{hf}/{len(inputs)}" if isinstance(hf, int) else hf
-            print(f"| {name} | {len(inputs)} | {ours}/{len(inputs)} | {hf_text} |", flush=True)
+            lines.append(f"| {name} | {len(inputs)} | {ours}/{len(inputs)} | {hf_text} |")
+            print(lines[-1], flush=True)
+            rows.append({"pair": name, "items": len(inputs), "vlmspec_equal": ours, "hf_assisted_equal": hf})
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.md").write_text("\n".join(lines) + "\n")
+        report = {"settings": {**vars(args), "device": str(device)}, "pairs": rows}
+        (out / "results.json").write_text(json.dumps(report, indent=1))
 
 
 if __name__ == "__main__":

@@ -168,10 +168,18 @@ def _caption(args: argparse.Namespace) -> None:
 def _bench(args: argparse.Namespace) -> None:
     import torch
 
-    from .api import load_pair
+    from .api import default_device_map, load_pair
     from .eval.bench import exact_match_cell, run_bench, write_report
 
-    spec = load_pair(args.model, args.draft, torch_dtype=torch.float32, compile=args.compile)
+    device_map = default_device_map() if args.device is None else device_map_for(args.device)
+    spec = load_pair(
+        args.model,
+        args.draft,
+        torch_dtype=getattr(torch, args.dtype),
+        device_map=device_map,
+        target_quantization=args.quantization,
+        compile=args.compile,
+    )
     if args.batch_size is not None:
         _batch_bench(spec, args)
         return
@@ -235,8 +243,20 @@ def _profile(args: argparse.Namespace) -> None:
     inputs = suite_inputs(spec.processor, args.suite, 1)[0]
     profiles = run_profile(spec, inputs, args.max_new_tokens, policies, tuple(CONFIGS), args.batch_size)
     batch = f", {args.batch_size} copies of the prompt at once" if args.batch_size > 1 else ""
-    print(f"vlmspec profile, {args.suite} suite{batch}, {args.max_new_tokens} new tokens, on {spec.target.device}:")
-    print(markdown_table(profiles))
+    title = f"vlmspec profile, {args.suite} suite{batch}, {args.max_new_tokens} new tokens, on {spec.target.device}"
+    table = markdown_table(profiles)
+    print(f"{title}:\n{table}")
+    if args.out is not None:
+        import json
+        from dataclasses import asdict
+
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        command = "vlmspec " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+        (out / "results.md").write_text(f"# {title}\n\n`{command}`\n\n{table}\n")
+        settings = {k: v for k, v in vars(args).items() if k != "run"}
+        report = {"settings": settings, "device": str(spec.target.device), "profiles": [asdict(p) for p in profiles]}
+        (out / "results.json").write_text(json.dumps(report, indent=1))
 
 
 def _number(convert, low: float, *, above: bool = False, high: float | None = None):
@@ -401,6 +421,21 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--draft", help="draft (default: the demo pair)")
     bench.add_argument("--out", default="bench-out")
     bench.add_argument(
+        "--device",
+        help="where the pair runs, e.g. cuda or cpu (default: the first GPU if one is visible, else the CPU)",
+    )
+    bench.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16", "float16"],
+        default="float32",
+        help="the pair's dtype (default float32)",
+    )
+    bench.add_argument(
+        "--quantization",
+        choices=["8bit", "4bit"],
+        help="quantise the target with bitsandbytes' preset (every method, ar included, runs the quantised target)",
+    )
+    bench.add_argument(
         "--batch-size",
         type=_batch_sizes,
         help="comma-separated batch sizes (e.g. 1,4,8,16,32): plain batched generate against chain, sage and sage-gt "
@@ -431,6 +466,7 @@ def build_parser() -> argparse.ArgumentParser:
     profile.add_argument(
         "--batch-size", type=_number(int, 1), default=1, help="copies of the prompt decoded together (default 1)"
     )
+    profile.add_argument("--out", help="also write the table as results.md and the counts as results.json here")
     profile.set_defaults(run=_profile)
     return parser
 

@@ -8,7 +8,6 @@ new tokens up to its EOS. Exact match is per item: its ids against plain `genera
 
 from __future__ import annotations
 
-import platform
 import time
 from typing import Any
 
@@ -16,7 +15,7 @@ import torch
 from tqdm import tqdm
 
 from ..speculative import SpeculativeVLM
-from .bench import _SPEC_METHODS, suite_inputs
+from .bench import _SPEC_METHODS, machine_description, suite_inputs
 
 BATCH_METHODS = ("chain", "sage", "sage-gt")
 
@@ -100,7 +99,7 @@ def run_batch_bench(
         "max_new_tokens": max_new_tokens,
         "batch_sizes": batch_sizes,
         "repeats": repeats,
-        "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}",
+        "machine": machine_description(device),
         "device": str(device),
         "table": table,
     }

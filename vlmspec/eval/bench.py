@@ -132,6 +132,19 @@ def suite_inputs(processor, suite: str, n: int) -> list[dict[str, torch.Tensor]]
     return inputs
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work, so a timer read after it counts that work (nothing to wait for on a CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def machine_description(device: torch.device) -> str:
+    """What the figures ran on: the GPU's name on CUDA, else the CPU's architecture and torch's threads."""
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
+    return f"{platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}"
+
+
 def top_k_entropy(scores: tuple[torch.Tensor, ...], k: int = 10) -> np.ndarray:
     """Per generated token, the entropy of the target's renormalised top-k distribution."""
     values = []
@@ -172,7 +185,8 @@ def run_bench(
     generation = dict(generation or {})
     sampling = bool(generation.get("do_sample"))
     target = spec.target
-    inputs = suite_inputs(spec.processor, suite, n)
+    device = target.get_input_embeddings().weight.device
+    inputs = [{k: v.to(device) for k, v in item.items()} for item in suite_inputs(spec.processor, suite, n)]
     runs = {m: MethodRun() for m in methods}
     runners = {m: _Runner(spec, m, generation) for m in methods}
     references: list[torch.Tensor] = []
@@ -191,8 +205,10 @@ def run_bench(
         for method, runner in runners.items():
             torch.manual_seed(index)
             counter = ForwardCounter(target) if method == "hf-assisted" else None
+            synchronize(device)
             start = time.perf_counter()
             ids, scores = runner(item, max_new_tokens)
+            synchronize(device)
             seconds = time.perf_counter() - start
             if counter is not None:
                 counter.handle.remove()
@@ -223,7 +239,8 @@ def run_bench(
         "max_new_tokens": max_new_tokens,
         "generation": generation,
         "sampling": sampling,
-        "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}",
+        "machine": machine_description(device),
+        "device": str(device),
         "compiled": spec.compiled,
         "warm_up_seconds": warm_up,
         "methods": {m: runs[m].summary(ar_rate) for m in methods},
