@@ -118,9 +118,9 @@ class ModelRunner:
         cache is left as the prompt left it. Run it outside any observer of the prompt's attention (pruning scores)."""
         if self.guard is None or not self.guard.needs_check(self):
             return
-        chosen = {}
+        first, chosen = logits.reshape(-1)[None].argmax(-1), {}
         for compiled in (True, False):
-            chosen[compiled] = self._greedy_check(logits.reshape(-1)[None].argmax(-1), compiled)
+            chosen[compiled] = self._greedy_check(first, compiled)
             if self.compiled is None:
                 return
         if chosen[True] == chosen[False]:
@@ -168,7 +168,6 @@ class ModelRunner:
                 if module is None or self.guard is None:
                     raise
                 self.guard.fall_back(f"the {self.role}'s compiled {size}-token forward", error)
-                cache.reserve(cache.length + size)
                 logits = self.adapter.decode(tokens, positions, mask, cache)
         logits = logits[:count]
         cache.advance(count)
