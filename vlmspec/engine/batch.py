@@ -20,6 +20,7 @@ import torch
 from ..adapters import VisualLayout
 from ..policies import BatchShape, TreePlan, TreePolicy
 from ..pruning import VerifierScores, scoring
+from .commit import plan_commit
 from .draft import Drafted, Drafter
 from .loop import DecodeSettings, Prefilled, SpeculativeDecoder, TokenSink, observe_step
 from .report import PackedStep, StepReport, emitted_tokens, pack_step, unpack_step
@@ -414,19 +415,18 @@ class BatchDecoder:
         fed: list[int],
     ) -> None:
         """Keep each row's accepted path in both caches and set the tokens its draft has not seen yet."""
-        target_keeps, draft_keeps = [], []
+        plans = []
         for b, row in enumerate(rows):
             verdict, tokens, report = reports[b]
-            accepted = report.accepted
-            target_keeps.append(verdict.path[: accepted + 1])
-            in_draft = min(accepted, drafted[b].cached_depth)
-            draft_path = verdict.path[1 : in_draft + 1].to(draft.device)
-            if drafted[b].slots is not None:
-                draft_path = drafted[b].slots[draft_path]
-            draft_keeps.append(torch.cat([torch.arange(fed[b], device=draft.device), draft_path + (fed[b] - 1)]))
-            row.pending = tokens[in_draft : accepted + 1].to(draft.device)
-        target.keep(target_starts, target_keeps)
-        draft.keep(draft_starts, draft_keeps)
+            grown = drafted[b]
+            plans.append(
+                plan_commit(
+                    verdict.path, report.accepted, tokens, fed[b], grown.cached_depth, grown.slots, draft.device
+                )
+            )
+            row.pending = plans[-1].pending
+        target.keep(target_starts, [plan.target for plan in plans])
+        draft.keep(draft_starts, [plan.draft for plan in plans])
 
 
 #: The most padding a batched prefill may carry, as a share of its prompts' own tokens (a padded token costs what a

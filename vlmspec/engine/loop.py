@@ -14,6 +14,7 @@ from ..policies import BatchShape, StepOutcome, TreePlan, TreePolicy
 from ..pruning import PruningConfig, VerifierScores
 from .accept import Verdict
 from .choice import NodeProcessing, TargetSampler
+from .commit import plan_commit
 from .draft import Drafted, Drafter
 from .report import StepReport, emitted_tokens, read_step
 from .runner import ModelRunner
@@ -270,15 +271,12 @@ class SpeculativeDecoder:
         """Keep the accepted path in both caches; returns the tokens the draft has not seen yet (the accepted ones
         deeper than the levels it was fed, then the bonus token)."""
         draft = self.draft
-        accepted = report.accepted
-        self.target.keep(target_start, verdict.path[: accepted + 1])
-        in_draft = min(accepted, drafted.cached_depth)
-        draft_path = verdict.path[1 : in_draft + 1].to(draft.device)
-        if drafted.slots is not None:
-            draft_path = drafted.slots[draft_path]
-        kept = torch.cat([torch.arange(fed_pending, device=draft.device), draft_path + (fed_pending - 1)])
-        draft.keep(draft_start, kept)
-        return tokens[in_draft : accepted + 1].to(draft.device)
+        plan = plan_commit(
+            verdict.path, report.accepted, tokens, fed_pending, drafted.cached_depth, drafted.slots, draft.device
+        )
+        self.target.keep(target_start, plan.target)
+        draft.keep(draft_start, plan.draft)
+        return plan.pending
 
 
 def observe_step(
