@@ -1,0 +1,122 @@
+"""Recursive rejection sampling on made-up trees and target distributions, no model: what a step emits (the accepted
+draft tokens, then the bonus token) follows the target's distribution exactly, whatever the tree, with ties between
+tokens, children the target gives no mass (as warpers cut them), children covering the whole support, and a tree that
+is only a root. The exact distribution is enumerated from the tree; a wrong rule fails the same test."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vlmspec.engine.accept import Verdict, accept_sampled, draw
+from vlmspec.engine.tree import DraftTree, TreeBuilder
+from vlmspec.testing.distribution import g_test
+
+VOCAB = 5
+DRAWS = 4000
+ALPHA = 1e-3
+
+
+def tree_of(root: int, levels: list[tuple[list[int], list[int]]]) -> DraftTree:
+    """A tree from its root token and, per level, each new node's parent (a node index) and token; children of a
+    node are in the order given (the draft's rank order)."""
+    builder = TreeBuilder(16, torch.device("cpu"))
+    builder.start(torch.tensor(root))
+    for parents, tokens in levels:
+        ranks = [parents[:i].count(p) for i, p in enumerate(parents)]
+        builder.add_level(torch.tensor(parents), torch.tensor(tokens), torch.zeros(len(tokens)), torch.tensor(ranks))
+    return builder.build()
+
+
+def exact_emissions(tree: DraftTree, probs: torch.Tensor) -> dict[tuple[int, ...], float]:
+    """Every token sequence a step can emit and its probability under the target alone: at each node the next token
+    follows that node's distribution; a token that is one of its children descends into it, any other ends the step
+    as the bonus token."""
+    children: dict[int, dict[int, int]] = {}
+    for node in range(1, tree.size):
+        children.setdefault(int(tree.parents[node]), {})[int(tree.tokens[node])] = node
+    out: dict[tuple[int, ...], float] = {}
+
+    def walk(node: int, prefix: tuple[int, ...], mass: float) -> None:
+        for token in range(VOCAB):
+            p = mass * float(probs[node, token])
+            if p == 0:
+                continue
+            child = children.get(node, {}).get(token)
+            if child is None:
+                out[prefix + (token,)] = out.get(prefix + (token,), 0.0) + p
+            else:
+                walk(child, prefix + (token,), p)
+
+    walk(0, (), 1.0)
+    return out
+
+
+def emitted(tree: DraftTree, verdict: Verdict) -> tuple[int, ...]:
+    count = int(verdict.accepted)
+    return tuple(int(tree.tokens[n]) for n in verdict.path[1 : count + 1]) + (int(verdict.bonus),)
+
+
+def distribution(*rows: list[float]) -> torch.Tensor:
+    """Per node, its target distribution over the `VOCAB` tokens (rows normalised)."""
+    table = torch.tensor(rows, dtype=torch.float64)
+    return (table / table.sum(-1, keepdim=True)).float()
+
+
+CASES = {
+    # root -> a(1), b(2), c(3); a -> d(0), e(4); d -> f(2)
+    "a tree": (
+        tree_of(0, [([0, 0, 0], [1, 2, 3]), ([1, 1], [0, 4]), ([4], [2])]),
+        distribution(
+            [0.1, 0.4, 0.2, 0.2, 0.1],
+            [0.3, 0.1, 0.1, 0.2, 0.3],
+            [0.2, 0.2, 0.2, 0.2, 0.2],
+            [0.5, 0.1, 0.1, 0.2, 0.1],
+            [0.1, 0.1, 0.6, 0.1, 0.1],
+            [0.25, 0.25, 0.2, 0.15, 0.15],
+            [0.2, 0.2, 0.2, 0.2, 0.2],
+        ),
+    ),
+    # Ties: the root's two children have the same mass as the best other token.
+    "ties": (
+        tree_of(0, [([0, 0], [1, 2]), ([1], [3])]),
+        distribution([0.1, 0.3, 0.3, 0.3, 0.0], [0.2] * 5, [0.2] * 5, [0.0, 0.5, 0.0, 0.5, 0.0]),
+    ),
+    # Warped: the target gives the first child no mass (a warper cut it) and most tokens none.
+    "children the target cut": (
+        tree_of(0, [([0, 0], [1, 2]), ([2], [4])]),
+        distribution([0.0, 0.0, 0.7, 0.3, 0.0], [0.2] * 5, [0.0, 0.0, 0.0, 0.4, 0.6], [0.0, 1.0, 0.0, 0.0, 0.0]),
+    ),
+    # The root's children cover its whole support: the bonus token only ever follows a child.
+    "children covering the support": (
+        tree_of(0, [([0, 0], [1, 2]), ([1, 2], [3, 3])]),
+        distribution(
+            [0.0, 0.6, 0.4, 0.0, 0.0], [0.5, 0.0, 0.0, 0.5, 0.0], [0.0, 0.0, 0.0, 0.5, 0.5], [0.2] * 5, [0.2] * 5
+        ),
+    ),
+    "only a root": (tree_of(0, []), distribution([0.1, 0.2, 0.3, 0.4, 0.0])),
+}
+
+
+def draws(rule, tree: DraftTree, probs: torch.Tensor) -> list[tuple[int, ...]]:
+    generator = torch.Generator().manual_seed(0)
+    return [emitted(tree, rule(tree, probs, generator)) for _ in range(DRAWS)]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_what_a_step_emits_follows_the_targets_exact_distribution(case):
+    tree, probs = CASES[case]
+    result = g_test(draws(accept_sampled, tree, probs), exact_emissions(tree, probs))
+    assert result.passes(ALPHA), result
+
+
+def _bonus_from_p(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None = None) -> Verdict:
+    """A wrong rule: recursive rejection, but the bonus token drawn from p, the rejected children included."""
+    verdict = accept_sampled(tree, probs, generator)
+    return Verdict(verdict.path, verdict.accepted, draw(probs[verdict.path[verdict.accepted]], generator))
+
+
+def test_the_same_test_rejects_a_rule_that_draws_the_bonus_token_with_the_rejected_children():
+    tree, probs = CASES["a tree"]
+    result = g_test(draws(_bonus_from_p, tree, probs), exact_emissions(tree, probs))
+    assert not result.passes(ALPHA)
