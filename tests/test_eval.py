@@ -83,6 +83,51 @@ def test_the_batched_bench_times_every_method_at_every_batch_size_against_plain_
     report = markdown_batch_report(results, "vlmspec bench --batch-size 1,2 --repeats 3")
     assert "median of 3 runs" in report
     assert "| chain | " in report and "x) |" in report
+    assert results["peers"]["vllm"]["skipped"].startswith("no vLLM environment given (--vllm-python or")
+    assert "vLLM peer: skipped (no vLLM environment given" in report
+
+
+def test_a_python_without_vllm_is_named_as_the_reason_the_peer_is_skipped():
+    import sys
+
+    from vlmspec.eval.vllm_peer import why_not
+
+    assert (
+        why_not(sys.executable) == f"{sys.executable} cannot import vllm (ModuleNotFoundError: No module named 'vllm')"
+    )
+    assert why_not("/no/such/python").startswith("/no/such/python cannot be run: ")
+
+
+def test_a_failed_peer_run_is_reported_by_its_exception_line():
+    from vlmspec.eval.vllm_peer import _last_error
+
+    stderr = (
+        "INFO starting\nTraceback (most recent call last):\nValueError: no room\n  For further information visit x\n"
+    )
+    assert _last_error(stderr) == "ValueError: no room"
+    assert _last_error("killed\n") == "killed"
+
+
+def test_the_batched_report_puts_the_vllm_peer_beside_vlmspec_and_compares_the_best_of_each():
+    cell = {"tokens_per_s": 100.0, "seconds": 1.0, "new_tokens": 100, "exact_match": 1.0}
+    results = {
+        "suite": "image",
+        "n": 2,
+        "max_new_tokens": 8,
+        "machine": "x86_64",
+        "device": "cpu",
+        "batch_sizes": [1, 4],
+        "table": {"generate": {1: cell, 4: {**cell, "tokens_per_s": 200.0}}, "chain": {1: cell, 4: cell}},
+        "peers": {
+            "vllm": {
+                1: {**cell, "tokens_per_s": 50.0, "version": "0.32.0"},
+                4: {**cell, "tokens_per_s": 80.0, "exact_match": 0.5, "version": "0.32.0"},
+            }
+        },
+    }
+    report = markdown_batch_report(results, "vlmspec bench --batch-size 1,4")
+    assert "| vLLM (peer) | 50 | 80, exact 0.50 |" in report
+    assert "vLLM 0.32.0, plain decoding: best 80 tok/s; vlmspec's best against it: 1.25x." in report
 
 
 SAMPLED = {"do_sample": True, "temperature": 1.5, "top_k": 50, "top_p": 0.9}

@@ -201,8 +201,20 @@ def _batch_bench(spec, args: argparse.Namespace) -> None:
     from .eval.batch_bench import BATCH_METHODS, markdown_batch_report, run_batch_bench
 
     methods = [m for m in args.methods.split(",") if m in BATCH_METHODS] or list(BATCH_METHODS)
+    from .demo_models import demo_pair
+    from .eval.vllm_peer import vllm_python
+
+    model = args.model if args.model is not None else demo_pair()[0]
     results = run_batch_bench(
-        spec, args.suite, methods, args.n, args.max_new_tokens, args.batch_size, repeats=args.repeats
+        spec,
+        args.suite,
+        methods,
+        args.n,
+        args.max_new_tokens,
+        args.batch_size,
+        repeats=args.repeats,
+        vllm_python=vllm_python(args.vllm_python),
+        model=model,
     )
     command = "vlmspec " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     out = Path(args.out)
@@ -446,6 +458,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=_number(int, 1),
         default=1,
         help="with --batch-size: time every cell this many times, in turns, and report the median (default 1)",
+    )
+    bench.add_argument(
+        "--vllm-python",
+        metavar="PYTHON",
+        help="with --batch-size on the image suite: a Python with vLLM installed (its own environment), to decode the "
+        "same items as a peer (default: $VLMSPEC_VLLM_PYTHON; without one the peer is skipped)",
     )
     _add_compile_option(bench)
     _add_bench_generation_options(bench)

@@ -15,7 +15,8 @@ import torch
 from tqdm import tqdm
 
 from ..speculative import SpeculativeVLM
-from .bench import _SPEC_METHODS, machine_description, suite_inputs
+from .bench import _SPEC_METHODS, machine_description, suite_inputs, suite_prompts
+from .vllm_peer import run_vllm_peer, why_not
 
 BATCH_METHODS = ("chain", "sage", "sage-gt")
 
@@ -38,12 +39,17 @@ def run_batch_bench(
     batch_sizes: list[int],
     repeats: int = 1,
     progress: bool = True,
+    vllm_python: str | None = None,
+    model: str | None = None,
 ) -> dict[str, Any]:
     """Tokens per second of plain batched `generate` and of each method at every batch size (greedy decoding).
 
     With `repeats` > 1 every cell is timed that many times, in turns (plain `generate`, then each method, then again),
     and its tokens per second come from the median time: on a machine whose speed drifts by more than the margins
     measured, one run per cell settles nothing. Every run's ids are checked.
+
+    With `vllm_python` (a Python that has vLLM) and `model` (the target's directory), vLLM decodes the same image
+    items at every batch size too, as a peer (`peers["vllm"]`); otherwise the peer is recorded as skipped, and why.
     """
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
@@ -93,6 +99,17 @@ def run_batch_bench(
         for name, cells in runs.items():
             table[name][size] = _median_cell(cells)
     bar.close()
+    peer: dict[Any, Any]
+    if suite != "image":
+        peer = {"skipped": "the vLLM peer decodes the image suite only"}
+    elif (why := why_not(vllm_python)) is not None or model is None:
+        peer = {"skipped": why or "the target's directory is not known"}
+    else:
+        longest = max(item["input_ids"].shape[1] for item in inputs)
+        prompts = suite_prompts(spec.processor, suite, n)
+        peer = run_vllm_peer(
+            vllm_python, model, prompts, batch_sizes, max_new_tokens, references, eos_ids, longest + max_new_tokens
+        )
     return {
         "suite": suite,
         "n": len(inputs),
@@ -102,6 +119,7 @@ def run_batch_bench(
         "machine": machine_description(device),
         "device": str(device),
         "table": table,
+        "peers": {"vllm": peer},
     }
 
 
@@ -157,15 +175,35 @@ def markdown_batch_report(results: dict[str, Any], command: str) -> str:
         for b in sizes:
             cell = cells[b]
             ratio = "" if method == "generate" else f" ({cell['tokens_per_s'] / plain[b]['tokens_per_s']:.2f}x)"
-            exact = "" if cell["exact_match"] == 1.0 else f", exact {cell['exact_match']:.2f}"
-            row.append(f"{cell['tokens_per_s']:.0f}{ratio}{exact}")
+            row.append(f"{cell['tokens_per_s']:.0f}{ratio}{_exact_note(cell['exact_match'])}")
         lines.append(f"| {method} | " + " | ".join(row) + " |")
+    peer = results.get("peers", {}).get("vllm", {"skipped": "not run"})
+    if "skipped" not in peer:
+        cells = [peer[b] for b in sizes]
+        row = [
+            cell["error"] if "error" in cell else f"{cell['tokens_per_s']:.0f}" + _exact_note(cell["exact_match"])
+            for cell in cells
+        ]
+        lines.append("| vLLM (peer) | " + " | ".join(row) + " |")
     best_plain = max(c["tokens_per_s"] for c in plain.values())
     best = max(c["tokens_per_s"] for m, cells in table.items() if m != "generate" for c in cells.values())
     lines += [
         "",
         f"Best vlmspec {best:.0f} tok/s against best plain `generate` {best_plain:.0f} tok/s: "
         f"{best / best_plain:.2f}x.",
-        "",
     ]
-    return "\n".join(lines)
+    if "skipped" in peer:
+        lines.append(f"vLLM peer: skipped ({peer['skipped']}).")
+    else:
+        rates = [cell["tokens_per_s"] for cell in peer.values() if "tokens_per_s" in cell]
+        versions = {cell["version"] for cell in peer.values() if "version" in cell}
+        if rates:
+            lines.append(
+                f"vLLM {', '.join(sorted(versions))}, plain decoding: best {max(rates):.0f} tok/s; vlmspec's best "
+                f"against it: {best / max(rates):.2f}x."
+            )
+    return "\n".join(lines + [""])
+
+
+def _exact_note(exact: float) -> str:
+    return "" if exact == 1.0 else f", exact {exact:.2f}"

@@ -115,21 +115,31 @@ def long_video_processor(processor: Any) -> Any:
     return VisualInputs(processor.processor, QwenVideoPacker(patcher, packer.timestamps, packer.sampling))
 
 
-def suite_inputs(processor, suite: str, n: int) -> list[dict[str, torch.Tensor]]:
-    """Processed held-out items of one suite."""
+def suite_prompts(processor, suite: str, n: int) -> list[tuple[str, list[Any], list[Any]]]:
+    """Held-out items of one suite as the processor's chat text, images and videos of each."""
     if suite not in SUITES:
         raise ValueError(f"unknown suite {suite!r}; choose from {', '.join(SUITES)}")
     kind = "image" if suite == "image" else "video"
     chosen = [i for i in items("held-out", 4 * n + 2) if i.kind == kind][:n]
     if suite == "long-video":
         chosen = [make_item(i.seed, "video", LONG_VIDEO_FRAMES, LONG_VIDEO_SIZE) for i in chosen]
-        processor = long_video_processor(processor)
-    inputs = []
+    prompts = []
     for item in chosen:
         images, videos = ([item.image], []) if kind == "image" else ([], [item.video])
-        text = processor.apply_chat_template(chat_messages(item.prompt, len(images), len(videos)))
-        inputs.append(dict(processor(text, images=images, videos=videos, video_fps=VIDEO_FPS)))
-    return inputs
+        prompts.append(
+            (processor.apply_chat_template(chat_messages(item.prompt, len(images), len(videos))), images, videos)
+        )
+    return prompts
+
+
+def suite_inputs(processor, suite: str, n: int) -> list[dict[str, torch.Tensor]]:
+    """Processed held-out items of one suite."""
+    if suite == "long-video":
+        processor = long_video_processor(processor)
+    return [
+        dict(processor(text, images=images, videos=videos, video_fps=VIDEO_FPS))
+        for text, images, videos in suite_prompts(processor, suite, n)
+    ]
 
 
 def synchronize(device: torch.device) -> None:
