@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from vlmspec.engine.accept import accept_greedy
-from vlmspec.engine.report import emitted_tokens, read_step
+from vlmspec.engine.report import emitted_tokens, pack_step, unpack_step
 from vlmspec.engine.tree import TreeBuilder
 from vlmspec.eval.profile import LaunchCounter
 
@@ -21,11 +21,17 @@ def chain_tree(tokens: list[int]):
     return builder.build()
 
 
+def read(tree, verdict, tokens, *args, **kwargs):
+    """Pack a step on the device and read it once, as `accept_rows` does for every row."""
+    packed = pack_step(tree, verdict, tokens, *args, **kwargs)
+    return unpack_step(packed.values.tolist(), packed)
+
+
 def settle(tokens: list[int], choice: list[int], room: int = 100, **kwargs):
     tree = chain_tree(tokens)
     verdict = accept_greedy(tree, torch.tensor(choice))
     emitted = emitted_tokens(tree, verdict)
-    return emitted, read_step(tree, verdict, emitted, EOS, room, torch.tensor(0), **kwargs)
+    return emitted, read(tree, verdict, emitted, EOS, room, torch.tensor(0), **kwargs)
 
 
 def test_the_accepted_draft_tokens_come_first_then_the_bonus_token():
@@ -69,5 +75,5 @@ def test_a_step_reads_the_device_once():
     with counter.counting():
         verdict = accept_greedy(tree, torch.tensor([11, 12, 5, 0]))
         emitted = emitted_tokens(tree, verdict)
-        read_step(tree, verdict, emitted, EOS, 10, torch.tensor(1), torch.tensor([0.5]), with_tree=True)
+        read(tree, verdict, emitted, EOS, 10, torch.tensor(1), torch.tensor([0.5]), with_tree=True)
     assert counter.reads["own"] == 1

@@ -23,7 +23,7 @@ from ..pruning import VerifierScores, scoring
 from .commit import plan_commit
 from .draft import Drafted, Drafter
 from .loop import DecodeSettings, Prefilled, SpeculativeDecoder, TokenSink, observe_step
-from .report import PackedStep, StepReport, emitted_tokens, pack_step, unpack_step
+from .report import RowStep, StepReport, accept_rows
 from .row_runner import RowForward, RowRunner
 from .stats import PhaseTimer, SpecStats
 from .tree import DraftTree
@@ -371,37 +371,22 @@ class BatchDecoder:
     ) -> list[tuple[Any, torch.Tensor, StepReport]]:
         """Accept on the device row by row and read every row's results at once; rows whose sampled verdict is in
         doubt are drawn again from the full rows (a second read, only then)."""
-        results: list[Any] = [None] * len(rows)
-        todo = list(range(len(rows)))
-        for compact in (True, False):
-            packed: list[tuple[int, Any, torch.Tensor, PackedStep]] = []
-            for b in todo:
-                row, tree = rows[b], trees[b]
-                statistics = row.policy.statistics(drafted[b].root_log_probs)
-                verdict = row.settings.sampler.accept(tree, logits[b], row.sink.sequence, compact)
-                tokens = emitted_tokens(tree, verdict)
-                step = pack_step(
-                    tree,
-                    verdict,
-                    tokens,
+        return accept_rows(
+            [
+                RowStep(
+                    row.settings.sampler,
+                    trees[b],
+                    logits[b],
+                    row.sink.sequence,
                     row.settings.eos_token_ids,
                     row.sink.room,
                     drafted[b].greedy_depth,
-                    statistics,
+                    row.policy.statistics(drafted[b].root_log_probs),
                     row.policy.reads_tree,
                 )
-                packed.append((b, verdict, tokens, step))
-            values = torch.cat([step.values.to(trees[0].tokens.device) for *_, step in packed]).tolist()
-            todo, offset = [], 0
-            for b, verdict, tokens, step in packed:
-                report = unpack_step(values[offset : offset + step.values.shape[0]], step)
-                offset += step.values.shape[0]
-                results[b] = (verdict, tokens, report)
-                if report.doubt and compact:
-                    todo.append(b)
-            if not todo:
-                break
-        return results
+                for b, row in enumerate(rows)
+            ]
+        )
 
     def _commit(
         self,

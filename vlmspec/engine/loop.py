@@ -16,7 +16,7 @@ from .accept import Verdict
 from .choice import NodeProcessing, TargetSampler
 from .commit import plan_commit
 from .draft import Drafted, Drafter
-from .report import StepReport, emitted_tokens, read_step
+from .report import RowStep, StepReport, accept_rows
 from .runner import ModelRunner
 from .stats import PhaseTimer, SpecStats, StepRecord
 from .tree import DraftTree
@@ -241,22 +241,18 @@ class SpeculativeDecoder:
         """Accept on the device and read the step's results once; a sampled verdict in doubt is drawn again from the
         full rows (a second read, only then)."""
         statistics = self.policy.statistics(drafted.root_log_probs)
-        for compact in (True, False):
-            verdict = settings.sampler.accept(tree, logits, sink.sequence, compact)
-            tokens = emitted_tokens(tree, verdict)
-            report = read_step(
-                tree,
-                verdict,
-                tokens,
-                settings.eos_token_ids,
-                sink.room,
-                drafted.greedy_depth,
-                statistics,
-                self.policy.reads_tree,
-            )
-            if not report.doubt:
-                break
-        return verdict, tokens, report
+        step = RowStep(
+            settings.sampler,
+            tree,
+            logits,
+            sink.sequence,
+            settings.eos_token_ids,
+            sink.room,
+            drafted.greedy_depth,
+            statistics,
+            self.policy.reads_tree,
+        )
+        return accept_rows([step])[0]
 
     def _commit(
         self,

@@ -9,10 +9,12 @@ packed into one tensor and read at once.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from .accept import Verdict
+from .choice import TargetSampler
 from .tree import DraftTree
 
 
@@ -44,19 +46,54 @@ def emitted_tokens(tree: DraftTree, verdict: Verdict) -> torch.Tensor:
     return tokens.scatter(0, verdict.accepted[None], verdict.bonus[None])
 
 
-def read_step(
-    tree: DraftTree,
-    verdict: Verdict,
-    tokens: torch.Tensor,
-    eos_token_ids: torch.Tensor,
-    room: int,
-    greedy_depth: torch.Tensor,
-    statistics: torch.Tensor | None = None,
-    with_tree: bool = False,
-) -> StepReport:
-    """Settle EOS and the budget (`room` tokens left) on the device, then read the step's results in one go."""
-    packed = pack_step(tree, verdict, tokens, eos_token_ids, room, greedy_depth, statistics, with_tree)
-    return unpack_step(packed.values.tolist(), packed)
+@dataclass
+class RowStep:
+    """What accepting one sequence's step needs: the target's rule (`sampler`), the tree and the target's `logits`
+    after each of its nodes, the sequence so far, what ends it (EOS ids, `room` tokens left), and what its policy
+    reads (the draft's `greedy_depth`, its `statistics`, the tree itself when `with_tree`)."""
+
+    sampler: TargetSampler
+    tree: DraftTree
+    logits: torch.Tensor
+    sequence: torch.Tensor
+    eos_token_ids: torch.Tensor
+    room: int
+    greedy_depth: torch.Tensor
+    statistics: torch.Tensor | None = None
+    with_tree: bool = False
+
+
+def accept_rows(rows: list[RowStep]) -> list[tuple[Verdict, torch.Tensor, StepReport]]:
+    """Accept every sequence's tree on the device and read all their results at once: per row its verdict, the tokens
+    it emits and its report. Rows whose sampled verdict is in doubt are drawn again from the full rows (a second read,
+    only then). One sequence is a batch of one."""
+    results: list[Any] = [None] * len(rows)
+    todo = list(range(len(rows)))
+    for compact in (True, False):
+        packed = []
+        for b in todo:
+            row = rows[b]
+            verdict = row.sampler.accept(row.tree, row.logits, row.sequence, compact)
+            tokens = emitted_tokens(row.tree, verdict)
+            step = pack_step(
+                row.tree, verdict, tokens, row.eos_token_ids, row.room, row.greedy_depth, row.statistics, row.with_tree
+            )
+            packed.append((b, verdict, tokens, step))
+        if len(packed) == 1:
+            values = packed[0][3].values.tolist()
+        else:
+            device = rows[0].tree.tokens.device
+            values = torch.cat([step.values.to(device) for *_, step in packed]).tolist()
+        todo, offset = [], 0
+        for b, verdict, tokens, step in packed:
+            report = unpack_step(values[offset : offset + step.values.shape[0]], step)
+            offset += step.values.shape[0]
+            results[b] = (verdict, tokens, report)
+            if report.doubt and compact:
+                todo.append(b)
+        if not todo:
+            break
+    return results
 
 
 @dataclass
