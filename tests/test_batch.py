@@ -50,7 +50,7 @@ def test_every_row_of_a_padded_batch_equals_its_own_generate_and_the_targets_bat
     assert_rows_equal_their_own_generate(family, batch, out, ROWS, eos_token_id=eos)
 
 
-@pytest.mark.parametrize("policy", ["chain", "static-tree", "sage", "sage-gt"])
+@pytest.mark.parametrize("policy", ["auto", "chain", "static-tree", "sage", "sage-gt"])
 @pytest.mark.parametrize("pruning", ["verifier", None])
 def test_every_policy_decodes_a_padded_batch_exactly(policy, pruning):
     family = FAMILIES["qwen2_5_vl"]

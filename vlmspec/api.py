@@ -53,7 +53,7 @@ def generate(
     draft: str | None = None,
     max_new_tokens: int = 128,
     return_stats: bool = False,
-    policy: Any = "sage",
+    policy: Any = "auto",
     pruning: Any = "verifier",
     prune_ratio: float | None = None,
     num_frames: int | None = None,

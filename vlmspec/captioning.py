@@ -76,13 +76,6 @@ _MEDIA = IMAGE_EXTENSIONS | VIDEO_EXTENSIONS
 DEFAULT_CAPTION_BATCH_SIZE = 16
 
 
-def caption_policy(batch_size: int) -> str:
-    """The policy a caption job drafts with unless told: SAGE's trees for one input at a time, chains for a batch
-    (every row's tree is verified padded to the largest, and on the measured machine chains captioned 1.5x as many
-    inputs per minute as sage at batch size 8)."""
-    return "sage" if batch_size == 1 else "chain"
-
-
 #: Threads that read and process media ahead of the model.
 LOADER_THREADS = max(1, min(4, os.cpu_count() or 1))
 

@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 # The tree policies by name (as vlmspec.policies.POLICY_NAMES; the CLI does not import torch to parse arguments).
-POLICIES = ("chain", "static-tree", "sage", "sage-gt")
+POLICIES = ("auto", "chain", "static-tree", "sage", "sage-gt")
 # What --compile takes (as vlmspec.engine.compiled.COMPILE_CHOICES).
 COMPILE_CHOICES = ("auto", "on", "off")
+# What `bench` runs unless --methods says (one sequence: `auto` plans as `sage` does; a batched bench adds `auto`).
+BENCH_METHODS = "ar,hf-assisted,chain,static-tree,specvlm,sage,sage-gt"
 # Inputs `caption` decodes together unless --batch-size says (as vlmspec.captioning.DEFAULT_CAPTION_BATCH_SIZE).
 CAPTION_BATCH_SIZE = 16
 
@@ -99,7 +101,7 @@ def _generate(args: argparse.Namespace) -> None:
 
 def _caption(args: argparse.Namespace) -> None:
     from .api import load_pair
-    from .captioning import CONFIGURATION_ERRORS, CaptioningStopped, CaptionSettings, caption_policy, run_captioning
+    from .captioning import CONFIGURATION_ERRORS, CaptioningStopped, CaptionSettings, run_captioning
     from .errors import InvalidArgumentError
 
     def spec_factory(state):
@@ -111,8 +113,7 @@ def _caption(args: argparse.Namespace) -> None:
         device_map = device_map_for(state.device if args.device is None else args.device)
         if device_map[""] == "cpu":
             device_map = None
-        policy = args.policy or caption_policy(args.batch_size)
-        return load_pair(**load_options(args), device_map=device_map).with_options(policy)
+        return load_pair(**load_options(args), device_map=device_map).with_options(args.policy)
 
     settings = CaptionSettings(
         prompt=args.prompt,
@@ -200,7 +201,8 @@ def _batch_bench(spec, args: argparse.Namespace) -> None:
 
     from .eval.batch_bench import BATCH_METHODS, markdown_batch_report, run_batch_bench
 
-    methods = [m for m in args.methods.split(",") if m in BATCH_METHODS] or list(BATCH_METHODS)
+    chosen = [m for m in args.methods.split(",") if m in BATCH_METHODS]
+    methods = list(BATCH_METHODS) if args.methods == BENCH_METHODS or not chosen else chosen
     from .demo_models import demo_pair
     from .eval.vllm_peer import vllm_python
 
@@ -314,7 +316,7 @@ def _add_pair_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--device", help="where the pair runs, e.g. cuda:1 or cpu (default: the first GPU if one is visible, else CPU)"
     )
-    parser.add_argument("--policy", default="sage", choices=POLICIES)
+    parser.add_argument("--policy", default="auto", choices=POLICIES)
     _add_compile_option(parser)
 
 
@@ -366,7 +368,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser("demo", help="caption the bundled sample image and video with the demo pair")
     demo.add_argument("--max-new-tokens", type=_number(int, 1), default=200)
-    demo.add_argument("--policy", default="sage", choices=POLICIES)
+    demo.add_argument("--policy", default="auto", choices=POLICIES)
     demo.set_defaults(run=_demo)
 
     gen = commands.add_parser("generate", help="answer a prompt about images and videos")
@@ -388,8 +390,6 @@ def build_parser() -> argparse.ArgumentParser:
     cap.add_argument("--out", required=True, help="the JSON-lines file to write")
     cap.add_argument("--prompt", help="default: 'Describe the image/video in detail.'")
     _add_pair_options(cap)
-    # Measured defaults: sage one input at a time, chain in a batch (docs/benchmarks.md).
-    cap.set_defaults(policy=None)
     _add_frame_options(cap)
     cap.add_argument("--max-new-tokens", type=_number(int, 1), default=256)
     cap.add_argument(
@@ -423,8 +423,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--suite", choices=["image", "video", "long-video"], default="video")
     bench.add_argument(
         "--methods",
-        default="ar,hf-assisted,chain,static-tree,specvlm,sage,sage-gt",
-        help="comma-separated: ar, ar-compiled, hf-assisted, chain, static-tree, specvlm, sage, sage-gt, and "
+        default=BENCH_METHODS,
+        help="comma-separated: ar, ar-compiled, hf-assisted, auto (the default policy), chain, static-tree, specvlm, "
+        "sage, sage-gt, and "
         "sage-full / sage-gt-full (no pruning)",
     )
     bench.add_argument("--n", type=_number(int, 1), default=8)
@@ -450,8 +451,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--batch-size",
         type=_batch_sizes,
-        help="comma-separated batch sizes (e.g. 1,4,8,16,32): plain batched generate against chain, sage and sage-gt "
-        "decoding that many sequences at once (greedy)",
+        help="comma-separated batch sizes (e.g. 1,4,8,16,32): plain batched generate against auto (the default), "
+        "chain, sage and sage-gt decoding that many sequences at once (greedy)",
     )
     bench.add_argument(
         "--repeats",

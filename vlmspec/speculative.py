@@ -59,7 +59,8 @@ class SpeculativeVLM:
     Decoding follows the target's own generation config, greedy or sampled (temperature, top-k, top-p, min-p, ...,
     drawn exactly from the target's distribution), with its logits processors applied to the draft's proposals too.
 
-    `policy` is `"sage"` (default), `"chain"`, `"static-tree"`, a `SageConfig` or a `TreePolicy`. `pruning`
+    `policy` is `"auto"` (default: SAGE's trees for a sequence decoded alone, chains for sequences decoded together),
+    `"sage"`, `"sage-gt"`, `"chain"`, `"static-tree"`, a `SageConfig` or a `TreePolicy`. `pruning`
     (`"verifier"` by default, `"uniform"`, `"random"`, a `PruningConfig` or None) cuts the visual tokens the draft
     sees; `prune_ratio` is the share dropped (default 0.9 with video, 0.8 for images). A left-padded batch (as the
     target's processor makes for a list of prompts) decodes all its rows together, each exactly as `generate` would
@@ -76,7 +77,7 @@ class SpeculativeVLM:
         self,
         target: PreTrainedModel,
         draft: PreTrainedModel,
-        policy: str | SageConfig | TreePolicy = "sage",
+        policy: str | SageConfig | TreePolicy = "auto",
         *,
         pruning: str | PruningConfig | None = "verifier",
         prune_ratio: float | None = None,
@@ -132,7 +133,7 @@ class SpeculativeVLM:
 
     def with_options(
         self,
-        policy: str | SageConfig | TreePolicy = "sage",
+        policy: str | SageConfig | TreePolicy = "auto",
         pruning: str | PruningConfig | None = "verifier",
         prune_ratio: float | None = None,
     ) -> SpeculativeVLM:
@@ -154,7 +155,7 @@ class SpeculativeVLM:
         target: str,
         draft: str,
         *,
-        policy: str | SageConfig | TreePolicy = "sage",
+        policy: str | SageConfig | TreePolicy = "auto",
         pruning: str | PruningConfig | None = "verifier",
         prune_ratio: float | None = None,
         torch_dtype: torch.dtype | str | None = None,

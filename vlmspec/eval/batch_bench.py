@@ -18,7 +18,8 @@ from ..speculative import SpeculativeVLM
 from .bench import _SPEC_METHODS, machine_description, suite_inputs, suite_prompts
 from .vllm_peer import run_vllm_peer, why_not
 
-BATCH_METHODS = ("chain", "sage", "sage-gt")
+#: `auto` is the default policy (what a user gets with no policy given).
+BATCH_METHODS = ("auto", "chain", "sage", "sage-gt")
 
 
 def new_tokens(row: torch.Tensor, prompt_length: int, eos_token_ids: set[int]) -> torch.Tensor:

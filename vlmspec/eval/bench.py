@@ -46,6 +46,7 @@ METHODS = (
     "ar",
     "ar-compiled",
     "hf-assisted",
+    "auto",
     "chain",
     "static-tree",
     "specvlm",
@@ -55,6 +56,7 @@ METHODS = (
     "sage-gt-full",
 )
 _SPEC_METHODS = {
+    "auto": ("auto", "verifier"),
     "chain": ("chain", None),
     "static-tree": ("static-tree", None),
     "specvlm": ("static-tree", "verifier"),

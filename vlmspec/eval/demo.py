@@ -12,7 +12,7 @@ from ..processors import chat_messages, load_image, load_video
 from .synthetic import IMAGE_PROMPT, VIDEO_PROMPT
 
 
-def run_demo(max_new_tokens: int = 200, policy: str = "sage") -> None:
+def run_demo(max_new_tokens: int = 200, policy: str = "auto") -> None:
     """Print each sample's caption, whether it equals plain greedy output, tau and the speedup."""
     if demo_pair() is None:
         raise SystemExit(

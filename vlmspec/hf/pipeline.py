@@ -151,7 +151,7 @@ def pipeline(
     draft_model: str | PreTrainedModel | None = None,
     *,
     processor: Any = None,
-    policy: Any = "sage",
+    policy: Any = "auto",
     pruning: Any = "verifier",
     prune_ratio: float | None = None,
     torch_dtype: Any = None,

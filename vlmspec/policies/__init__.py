@@ -2,23 +2,26 @@
 
 from __future__ import annotations
 
+from .auto import AutoPolicy
 from .base import BatchShape, RankTreePlan, StepOutcome, TreePlan, TreePolicy
 from .chain import ChainPolicy
 from .sage import AdaptiveTreePlan, SageConfig, SagePolicy
 from .sage_gt import CostAwareTreePlan, SageGtConfig, SageGtPolicy
 from .static import SPECVLM_TREE, StaticTreePolicy
 
-POLICY_NAMES = ("chain", "static-tree", "sage", "sage-gt")
+POLICY_NAMES = ("auto", "chain", "static-tree", "sage", "sage-gt")
 
 
 def resolve_policy(policy: str | SageConfig | SageGtConfig | TreePolicy) -> TreePolicy:
-    """A policy object from a name (`chain`, `static-tree`, `sage`, `sage-gt`), a config, or a policy object."""
+    """A policy object from a name (`auto`, `chain`, `static-tree`, `sage`, `sage-gt`), a config, or a policy object."""
     if isinstance(policy, TreePolicy):
         return policy
     if isinstance(policy, SageConfig):
         return SagePolicy(policy)
     if isinstance(policy, SageGtConfig):
         return SageGtPolicy(policy)
+    if policy == "auto":
+        return AutoPolicy()
     if policy == "chain":
         return ChainPolicy()
     if policy == "static-tree":
@@ -34,6 +37,7 @@ def resolve_policy(policy: str | SageConfig | SageGtConfig | TreePolicy) -> Tree
 
 
 __all__ = [
+    "AutoPolicy",
     "BatchShape",
     "AdaptiveTreePlan",
     "ChainPolicy",
