@@ -367,12 +367,19 @@ def test_captions_at_batch_size_4_are_those_at_batch_size_1_and_the_targets_own(
         assert alone[path] == processor.tokenizer.decode(ids[0, length:], skip_special_tokens=True), path
 
 
-def test_seeded_sampling_writes_the_same_captions_at_batch_size_4_as_at_1(pair, mixed, tmp_path):
-    spec = load_pair(*pair, device_map=device_map())
+def test_seeded_sampling_with_one_policy_writes_the_same_captions_at_batch_size_4_as_at_1(pair, mixed, tmp_path):
+    spec = load_pair(*pair, device_map=device_map()).with_options("sage")
     sampled = {"generation": {"do_sample": True, "temperature": 1.5}, "seed": 7}
     alone = greedy_captions(spec, tmp_path / "one.jsonl", mixed, 1, **sampled)
     assert greedy_captions(spec, tmp_path / "four.jsonl", mixed, 4, **sampled) == alone
     assert alone != greedy_captions(spec, tmp_path / "greedy.jsonl", mixed, 1, generation={"do_sample": False})
+
+
+def test_seeded_sampling_by_default_writes_the_same_captions_at_every_batch_size_above_1(pair, mixed, tmp_path):
+    spec = load_pair(*pair, device_map=device_map())
+    sampled = {"generation": {"do_sample": True, "temperature": 1.5}, "seed": 7}
+    two = greedy_captions(spec, tmp_path / "two.jsonl", mixed, 2, **sampled)
+    assert greedy_captions(spec, tmp_path / "four.jsonl", mixed, 4, **sampled) == two
 
 
 def test_every_input_is_recorded_once_at_batch_size_3_among_good_and_bad_inputs(pair, collection, tmp_path, capsys):

@@ -230,8 +230,9 @@ class CaptionSettings:
 
     `generation` holds only the settings given (e.g. `do_sample`, `repetition_penalty`); the rest stay the model's
     own generation config. With a `seed`, sampling for every input starts from a generator seeded with it and the
-    input's path, so a rerun, a resume or another `batch_size` writes the same captions while inputs draw
-    independently of each other; without one it draws from the global RNG.
+    input's path, so a rerun or a resume writes the same captions while inputs draw independently of each other (and
+    another `batch_size` does too, but for 1 against above 1 under the default policy, whose trees differ there: a
+    sampled draw depends on the tree it is drawn through); without one it draws from the global RNG.
 
     Up to `batch_size` inputs decode together (each caption is the one the input gets alone). `kv_budget_gb` bounds
     the KV cache (target's and draft's) of the inputs in flight: inputs wait for room, and one that alone exceeds it
