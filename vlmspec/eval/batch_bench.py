@@ -108,9 +108,8 @@ def run_batch_bench(
     else:
         longest = max(item["input_ids"].shape[1] for item in inputs)
         prompts = suite_prompts(spec.processor, suite, n)
-        peer = run_vllm_peer(
-            vllm_python, model, prompts, batch_sizes, max_new_tokens, references, eos_ids, longest + max_new_tokens
-        )
+        runs = run_vllm_peer(vllm_python, model, prompts, batch_sizes, max_new_tokens, longest + max_new_tokens)
+        peer = {size: _peer_cell(run, references, eos_ids) for size, run in runs.items()}
     return {
         "suite": suite,
         "n": len(inputs),
@@ -141,6 +140,14 @@ def _cell(rows: list[torch.Tensor], references: list[torch.Tensor], seconds: flo
     tokens = sum(r.shape[0] for r in rows)
     exact = sum(torch.equal(r.cpu(), ref.cpu()) for r, ref in zip(rows, references, strict=True)) / len(rows)
     return {"tokens_per_s": tokens / seconds, "seconds": seconds, "new_tokens": tokens, "exact_match": exact}
+
+
+def _peer_cell(run: dict[str, Any], references: list[torch.Tensor], eos_ids: set[int]) -> dict[str, Any]:
+    """A peer's cell from its run: as `_cell` makes one from the new token ids it returned, or the run's `error`."""
+    if "error" in run:
+        return run
+    rows = [new_tokens(torch.tensor(ids, dtype=torch.long), 0, eos_ids) for ids in run["ids"]]
+    return {**_cell(rows, references, run["seconds"]), "version": run["version"]}
 
 
 def _median_cell(runs: list[dict[str, float]]) -> dict[str, Any]:

@@ -16,8 +16,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import torch
-
 VLLM_PYTHON_ENV = "VLMSPEC_VLLM_PYTHON"
 WORKER = Path(__file__).with_name("vllm_worker.py")
 #: Seconds one batch size may take (engine start, warm-up and the timed call).
@@ -55,14 +53,12 @@ def run_vllm_peer(
     prompts: list[tuple[str, list[Any], list[Any]]],
     batch_sizes: list[int],
     max_new_tokens: int,
-    references: list[torch.Tensor],
-    eos_token_ids: set[int],
     max_model_len: int,
 ) -> dict[int, dict[str, Any]]:
-    """vLLM's cell at every batch size: tokens per second of one timed call over every prompt (each with one image),
-    and exact match per item against `references` (plain `generate`'s new tokens up to their EOS). Each batch size
-    runs in its own process; one that fails gives a cell with its `error`."""
-    cells: dict[int, dict[str, Any]] = {}
+    """vLLM's run at every batch size over every prompt (each with one image): the timed call's `seconds`, each
+    prompt's new token `ids` and vLLM's `version`, or the `error` that batch size's process ended with (each batch
+    size runs in its own process)."""
+    runs: dict[int, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as root:
         items = []
         for i, (text, images, _) in enumerate(prompts):
@@ -83,27 +79,10 @@ def run_vllm_peer(
                     env=env,
                 )
             except subprocess.TimeoutExpired:
-                cells[size] = {"error": f"timed out after {TIMEOUT} s"}
+                runs[size] = {"error": f"timed out after {TIMEOUT} s"}
                 continue
             if done.returncode != 0:
-                cells[size] = {"error": _last_error(done.stderr) or f"exit code {done.returncode}"}
+                runs[size] = {"error": _last_error(done.stderr) or f"exit code {done.returncode}"}
                 continue
-            result = json.loads(out.read_text())
-            rows = [_up_to_eos(ids, eos_token_ids) for ids in result["ids"]]
-            tokens = sum(len(row) for row in rows)
-            exact = sum(row == ref.tolist() for row, ref in zip(rows, references, strict=True)) / len(rows)
-            cells[size] = {
-                "tokens_per_s": tokens / result["seconds"],
-                "seconds": result["seconds"],
-                "new_tokens": tokens,
-                "exact_match": exact,
-                "version": result["version"],
-            }
-    return cells
-
-
-def _up_to_eos(ids: list[int], eos_token_ids: set[int]) -> list[int]:
-    for i, token in enumerate(ids):
-        if token in eos_token_ids:
-            return ids[: i + 1]
-    return ids
+            runs[size] = json.loads(out.read_text())
+    return runs
