@@ -6,16 +6,18 @@ a Python loop, and leave their verdict on the device: nothing here waits for it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from .tree import DraftTree
+from .tree import DraftTree, TreeRows
 
 
 @dataclass
 class Verdict:
-    """What a rule accepted, as device tensors of fixed shape.
+    """What a rule accepted, as device tensors of fixed shape; for a batch of trees (`TreeRows`), each with a leading
+    row dimension.
 
     `path` (depth + 1,) holds the accepted node at each depth from the root on; entries past `accepted` are 0.
     `accepted` () is how many draft tokens were accepted, `bonus` () the target's token after them. `doubt` (), set
@@ -27,20 +29,33 @@ class Verdict:
     bonus: torch.Tensor
     doubt: torch.Tensor | None = None
 
+    def row(self, b: int) -> Verdict:
+        """Row `b`'s verdict of a batch's (views)."""
+        return Verdict(self.path[b], self.accepted[b], self.bonus[b], None if self.doubt is None else self.doubt[b])
+
 
 def accept_greedy(tree: DraftTree, target_choice: torch.Tensor) -> Verdict:
-    """The deepest node whose whole path equals the target's choices, and the target's choice after it.
+    """The deepest node whose whole path equals the target's choices, and the target's choice after it (one tree:
+    `accept_greedy_rows` over a batch of one)."""
+    return accept_greedy_rows(tree.rows(), target_choice[None]).row(0)
+
+
+def accept_greedy_rows(trees: TreeRows, target_choice: torch.Tensor) -> Verdict:
+    """`accept_greedy` for every row at once: `target_choice` (B, N) is the target's token after each node.
 
     Siblings carry distinct tokens, so at most one node per depth can agree with the target.
     """
-    matches = tree.tokens == target_choice[tree.parents.clamp_min(0)]
-    matches[0] = True
-    path, accepted, best = deepest(tree, matches)
-    return Verdict(path, accepted, _at(target_choice, best))
+    matches = trees.tokens == target_choice[:, trees.parents.clamp_min(0)]
+    matches[:, 0] = True
+    if trees.valid is not None:
+        matches &= trees.valid
+    path, accepted, best = deepest_rows(trees, matches)
+    return Verdict(path, accepted, target_choice.gather(1, best[:, None])[:, 0])
 
 
 def accept_sampled(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None = None) -> Verdict:
-    """Recursive rejection over each node's children, in draft rank order: the accepted path and the bonus token.
+    """Recursive rejection over each node's children, in draft rank order: the accepted path and the bonus token
+    (one tree: `accept_sampled_rows` over a batch of one).
 
     `probs` (n, V) is the target's processed distribution p after every node. At a node, child x_j is accepted with
     probability p'_j(x_j), where p'_j is p with the already rejected x_1..x_{j-1} removed and renormalised; an
@@ -55,43 +70,85 @@ def accept_sampled(tree: DraftTree, probs: torch.Tensor, generator: torch.Genera
     has the probabilities of (1); all children are rejected when u >= P_{k+1}. Children are deterministic (the
     draft's top ranks), so no draft probability enters the rule.
     """
-    n = tree.size
-    parents, children = tree.parents[1:], tree.tokens[1:]
-    child_mass = probs[parents, children]
+    return accept_sampled_rows(tree.rows(), probs[None], None if generator is None else [generator]).row(0)
+
+
+def accept_sampled_rows(
+    trees: TreeRows,
+    probs: torch.Tensor,
+    generators: Sequence[torch.Generator | None] | None = None,
+    sizes: Sequence[int] | None = None,
+) -> Verdict:
+    """`accept_sampled` for every row at once: `probs` (B, N, V) is each row's target distribution after each node.
+
+    Invalid nodes (`trees.valid`) are not children at all: their mass stays with the bonus draw. Without
+    `generators` all rows draw from the global RNG together; with them, row b draws its uniforms (the first
+    `sizes[b]` nodes', its valid ones) and its bonus token from `generators[b]`, as its tree alone would.
+    """
+    rows, n, vocab = probs.shape
+    parents, children = trees.parents[1:], trees.tokens[:, 1:]
+    flat = probs.reshape(rows, n * vocab)
+    index = parents[None] * vocab + children
+    full_mass = flat.gather(1, index)
+    child_mass = full_mass if trees.valid is None else full_mass * trees.valid[:, 1:]
     earlier_sibling = (parents[:, None] == parents[None, :]).tril(-1)
-    before = torch.where(earlier_sibling, child_mass[None, :], 0.0).sum(-1)
-    rest = probs.index_put((parents, children), torch.zeros_like(child_mass))
-    total = rest.sum(-1).index_add(0, parents, child_mass)
-    u = _uniform(n, generator, probs.device) * total
-    accepted = torch.ones(n, dtype=torch.bool, device=probs.device)
-    accepted[1:] = (u[parents] >= before) & (u[parents] < before + child_mass)
-    path, count, last = deepest(tree, accepted)
-    bonus_weights = _at(rest, last)
+    before = torch.where(earlier_sibling[None], child_mass[:, None, :], 0.0).sum(-1)
+    rest = flat.scatter(1, index, full_mass - child_mass).view(rows, n, vocab)
+    total = rest.sum(-1).index_add(1, parents, child_mass)
+    u = _uniform_rows(rows, n, generators, sizes, probs.device) * total
+    accepted = torch.ones(rows, n, dtype=torch.bool, device=probs.device)
+    accepted[:, 1:] = (u[:, parents] >= before) & (u[:, parents] < before + child_mass)
+    path, count, last = deepest_rows(trees, accepted)
+    at_last = last[:, None, None].expand(rows, 1, vocab)
+    bonus_weights = rest.gather(1, at_last)[:, 0]
     # Children covering the whole support leave no gap in exact arithmetic; a rounding one gets p itself.
-    bonus_weights = torch.where(bonus_weights.sum() > 0, bonus_weights, _at(probs, last))
-    return Verdict(path, count, draw(bonus_weights, generator))
+    bonus_weights = torch.where(bonus_weights.sum(-1, keepdim=True) > 0, bonus_weights, probs.gather(1, at_last)[:, 0])
+    return Verdict(path, count, draw_rows(bonus_weights, generators))
 
 
 def deepest(tree: DraftTree, accepted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The deepest node all of whose path nodes are `accepted` (the first such, in node order): its path by depth
     `(tree.depth + 1,)` (0 past its depth), its depth and its index, all on the device."""
-    valid = ~(tree.ancestors & ~accepted[None, :]).any(dim=1)
-    best = (tree.depths * valid).argmax()
-    on_path = _at(tree.ancestors, best)
-    at_depth = tree.depths[None, :] == torch.arange(tree.depth + 1, device=tree.depths.device)[:, None]
-    path = (at_depth & on_path[None, :]).to(torch.uint8).argmax(dim=1)
-    return path, _at(tree.depths, best), best
+    path, depth, best = deepest_rows(tree.rows(), accepted[None])
+    return path[0], depth[0], best[0]
 
 
-def _at(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """`values[index]` for a 0-d index tensor, without the host read that indexing with it would make."""
-    return values.index_select(0, index.view(1)).squeeze(0)
+def deepest_rows(trees: TreeRows, accepted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`deepest` for every row of `accepted` (B, N) at once: paths (B, depth + 1), depths and indices (B,)."""
+    valid = ~(trees.ancestors[None] & ~accepted[:, None, :]).any(dim=2)
+    best = (trees.depths[None] * valid).argmax(dim=1)
+    on_path = trees.ancestors.index_select(0, best)
+    depths = torch.arange(trees.depth + 1, device=trees.depths.device)
+    at_depth = trees.depths[None, :] == depths[:, None]
+    path = (at_depth[None] & on_path[:, None, :]).to(torch.uint8).argmax(dim=2)
+    return path, trees.depths.index_select(0, best), best
 
 
-def _uniform(n: int, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
-    """n draws from U[0, 1) from `generator` (or the global RNG), on `device`."""
-    source = device if generator is None else generator.device
-    return torch.rand(n, generator=generator, device=source).to(device)
+def _uniform_rows(
+    rows: int,
+    n: int,
+    generators: Sequence[torch.Generator | None] | None,
+    sizes: Sequence[int] | None,
+    device: torch.device,
+) -> torch.Tensor:
+    """(rows, n) draws from U[0, 1): from the global RNG at once, or row by row from each row's generator (its first
+    `sizes[b]` only, the rest 0)."""
+    if generators is None:
+        return torch.rand(rows, n, device=device)
+    u = torch.zeros(rows, n, device=device)
+    for b, generator in enumerate(generators):
+        count = n if sizes is None else sizes[b]
+        source = device if generator is None else generator.device
+        u[b, :count] = torch.rand(count, generator=generator, device=source).to(device)
+    return u
+
+
+def draw_rows(weights: torch.Tensor, generators: Sequence[torch.Generator | None] | None) -> torch.Tensor:
+    """One token per row drawn in proportion to `weights` (B, V): from the global RNG at once, or each row from its
+    generator."""
+    if generators is None:
+        return torch.multinomial(weights, 1)[:, 0]
+    return torch.stack([draw(weights[b], generator) for b, generator in enumerate(generators)])
 
 
 def draw(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

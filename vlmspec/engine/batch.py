@@ -18,15 +18,16 @@ from typing import Any
 import torch
 
 from ..adapters import VisualLayout
-from ..policies import BatchShape, TreePlan, TreePolicy
+from ..policies import BatchShape, RankTreePlan, TreePlan, TreePolicy
 from ..pruning import VerifierScores, scoring
-from .commit import plan_commit
+from .commit import plan_commit, plan_commit_rows
 from .draft import Drafted, Drafter
 from .loop import DecodeSettings, Prefilled, SpeculativeDecoder, TokenSink, observe_step
 from .report import RowStep, StepReport, accept_rows
 from .row_runner import RowForward, RowRunner
+from .rows_step import RowsDrafted, RowsVerdict, accept_all, draft_rows
 from .stats import PhaseTimer, SpecStats
-from .tree import DraftTree
+from .tree import DraftTree, rank_tree_shape
 
 
 @dataclass
@@ -92,6 +93,8 @@ class BatchDecoder:
         self.draft_input_limit = single.drafter.input_limit
         self.stats = SpecStats()
         self._shared: tuple[dict[str, Any], Prefilled] | None = None
+        self._pending: tuple[list[torch.Tensor], torch.Tensor, list[int]] | None = None
+        self._eos: tuple[list[torch.Tensor], torch.Tensor] | None = None
 
     def run(
         self,
@@ -297,15 +300,21 @@ class BatchDecoder:
         return row
 
     def _release(self) -> None:
-        """Let go of the last prompt's caches (the batch-1 runners keep them only to share a prefill)."""
+        """Let go of the last prompt's caches (the batch-1 runners keep them only to share a prefill) and the last
+        batch's step tensors."""
         self._shared = None
+        self._pending = self._eos = None
         self.single.target.cache = None
         self.single.draft.cache = None
 
     def _step(self, rows: list[_Row], target: RowRunner, draft: RowRunner, timer: PhaseTimer) -> None:
-        """One draft -> verify -> accept -> commit step of every row."""
+        """One draft -> verify -> accept -> commit step of every row: as `(B, N)` tensors when every row drafts the
+        same tree of rank paths under one rule (greedy or sampling), else row by row."""
         step_started = time.perf_counter()
         plans = self.policy.plan_batch([row.policy for row in rows])
+        if _same_rank_tree(plans) and len({row.settings.sampler.do_sample for row in rows}) == 1:
+            self._step_together(rows, plans[0], target, draft, timer, step_started)
+            return
         draft_starts, target_starts = list(draft.lengths), list(target.lengths)
         with timer("drafting"):
             drafted, draft_forwards, draft_tokens = self._draft(rows, plans, draft)
@@ -338,6 +347,121 @@ class BatchDecoder:
             )
             shape = replace(shape, first=False)
             row.sink.take(tokens, report)
+
+    def _step_together(
+        self,
+        rows: list[_Row],
+        plan: RankTreePlan,
+        target: RowRunner,
+        draft: RowRunner,
+        timer: PhaseTimer,
+        step_started: float,
+    ) -> None:
+        """One step of every row drafting the tree `plan` (`rows_step`): a fixed number of operations over all rows
+        per tree level, one verification, one acceptance and one read, one commit in each cache."""
+        pending, counts = self._pending_rows(rows, draft.device)
+        draft_starts, target_starts = list(draft.lengths), list(target.lengths)
+        sequences = [row.sink.sequence for row in rows]
+        processings = [row.settings.draft_processing for row in rows]
+        draft_sequences = [
+            s if p is None else s.to(draft.device).clamp_max(self.vocab_limit - 1)
+            for s, p in zip(sequences, processings, strict=True)
+        ]
+        with timer("drafting"):
+            shape = rank_tree_shape(plan.paths, draft.device)
+            max_depths = [row.settings.max_new_tokens - row.sink.new_tokens - 1 for row in rows]
+            drafted = draft_rows(
+                draft,
+                shape,
+                plan.top_k,
+                pending,
+                counts,
+                max_depths,
+                self.vocab_limit,
+                self.draft_input_limit,
+                processings,
+                draft_sequences,
+            )
+        trees = drafted.trees.to(target.device)
+        with timer("verification"):
+            base = torch.tensor(target_starts, device=target.device)
+            logits = target.forward_rows(trees.tokens, trees.depths, base, trees.ancestors)
+        with timer("acceptance"):
+            policy = rows[0].policy
+            accepted = accept_all(
+                drafted,
+                trees,
+                logits,
+                [row.settings.sampler for row in rows],
+                sequences,
+                self._eos_rows(rows, target.device),
+                [row.sink.room for row in rows],
+                policy.statistics(drafted.root_log_probs),
+                policy.reads_tree,
+            )
+            timer.collect()
+        with timer("tree_update"):
+            self._commit_together(rows, accepted, drafted, counts, target, draft, target_starts, draft_starts)
+        shape = BatchShape(
+            rows=len(rows),
+            tree_tokens=len(rows) * trees.size,
+            draft_forwards=drafted.forwards,
+            draft_tokens=drafted.fed_tokens,
+            emitted=sum(report.count for report in accepted.reports),
+            target_context=sum(target_starts) // len(rows),
+            draft_context=(sum(draft_starts) + sum(counts)) // len(rows),
+            first=True,
+        )
+        for b, row in enumerate(rows):
+            report, grown = accepted.reports[b], drafted.row(b)
+            contexts = (draft_starts[b] + counts[b], target_starts[b])
+            batch = shape if len(rows) > 1 else None
+            observe_step(row.policy, plan, grown, grown.tree, report, row.stats, timer, step_started, contexts, batch)
+            shape = replace(shape, first=False)
+            row.sink.take(accepted.tokens[b], report)
+
+    def _pending_rows(self, rows: list[_Row], device: torch.device) -> tuple[torch.Tensor, list[int]]:
+        """Every row's tokens the draft has not seen, left-aligned in one `(B, P)` tensor, and how many each has: the
+        last step's tensor while the rows are the ones it was made for, else gathered anew (after rows joined, left or
+        stepped alone)."""
+        held = self._pending
+        if held is not None and _same_objects(held[0], [row.pending for row in rows]):
+            return held[1], held[2]
+        counts = [row.pending.shape[0] for row in rows]
+        pending = torch.nn.utils.rnn.pad_sequence([row.pending.to(device) for row in rows], batch_first=True)
+        return pending, counts
+
+    def _eos_rows(self, rows: list[_Row], device: torch.device) -> torch.Tensor:
+        """Every row's EOS ids as one `(B, E)` tensor padded with -1 (made again only when the rows change)."""
+        ids = [row.settings.eos_token_ids for row in rows]
+        held = self._eos
+        if held is None or not _same_objects(held[0], ids):
+            matrix = torch.nn.utils.rnn.pad_sequence([i.to(device) for i in ids], batch_first=True, padding_value=-1)
+            self._eos = held = (ids, matrix)
+        return held[1]
+
+    def _commit_together(
+        self,
+        rows: list[_Row],
+        accepted: RowsVerdict,
+        drafted: RowsDrafted,
+        counts: list[int],
+        target: RowRunner,
+        draft: RowRunner,
+        target_starts: list[int],
+        draft_starts: list[int],
+    ) -> None:
+        """Keep every row's accepted path in both caches (`plan_commit_rows`) and hold the tokens each row's draft
+        has not seen yet as the next step's pending tensor."""
+        lengths = [report.accepted for report in accepted.reports]
+        plan = plan_commit_rows(
+            accepted.verdict.path, lengths, accepted.tokens, counts, drafted.cached_depth, draft.device
+        )
+        target.keep_rows(target_starts, accepted.verdict.path, [n + 1 for n in lengths])
+        draft.keep_rows(draft_starts, plan.draft, plan.draft_counts)
+        for b, row in enumerate(rows):
+            row.pending = plan.pending[b, : plan.pending_counts[b]]
+        self._pending = ([row.pending for row in rows], plan.pending, plan.pending_counts)
 
     def _draft(self, rows: list[_Row], plans: list[TreePlan], draft: RowRunner) -> tuple[list[Drafted], int, int]:
         """Grow every row's tree, one batched draft forward per level (rows whose tree is done feed nothing); returns
@@ -417,6 +541,19 @@ class BatchDecoder:
 #: The most padding a batched prefill may carry, as a share of its prompts' own tokens (a padded token costs what a
 #: real one does once the forward is compute-bound).
 PREFILL_PADDING = 0.25
+
+
+def _same_objects(held: list[Any], now: list[Any]) -> bool:
+    """Whether `now` lists the very objects `held` does, in order."""
+    return len(held) == len(now) and all(a is b for a, b in zip(held, now, strict=True))
+
+
+def _same_rank_tree(plans: list[TreePlan]) -> bool:
+    """Whether every plan is the same tree of rank paths (so the rows' trees share one structure)."""
+    first = plans[0]
+    if not isinstance(first, RankTreePlan):
+        return False
+    return all(p is first or (isinstance(p, RankTreePlan) and p.paths == first.paths) for p in plans)
 
 
 def _similar_lengths(requests: list[RowRequest]) -> list[list[RowRequest]]:

@@ -41,3 +41,41 @@ def plan_commit(
         draft_path = slots[draft_path]
     draft = torch.cat([torch.arange(fed, device=draft_device), draft_path + (fed - 1)])
     return CommitPlan(path[: accepted + 1], draft, tokens[in_draft : accepted + 1].to(draft_device))
+
+
+@dataclass
+class RowsCommit:
+    """A step's commit for every row at once: `draft` (B, W) offsets, from where each row's step starts in the draft's
+    cache, of what it keeps (row b's first `draft_counts[b]`), and `pending` (B, P) the tokens each row's draft has
+    not seen yet (row b's first `pending_counts[b]`). The target keeps each row's accepted path itself: its first
+    `accepted[b] + 1` nodes."""
+
+    draft: torch.Tensor
+    draft_counts: list[int]
+    pending: torch.Tensor
+    pending_counts: list[int]
+
+
+def plan_commit_rows(
+    path: torch.Tensor,
+    accepted: list[int],
+    tokens: torch.Tensor,
+    fed: list[int],
+    cached_depth: int,
+    draft_device: torch.device,
+) -> RowsCommit:
+    """`plan_commit` of every row of a step whose rows drafted one tree shape (nodes and draft slots coincide):
+    `path` (B, depth + 1) and `tokens` (B, depth + 1) are the rows' accepted nodes and emitted tokens, `accepted`
+    their accepted counts and `fed` their pending counts (host). A fixed number of operations, whatever the rows."""
+    in_draft = [min(a, cached_depth) for a in accepted]
+    path, tokens = path.to(draft_device), tokens.to(draft_device)
+    fed_column = torch.tensor(fed, device=draft_device)[:, None]
+    slots = torch.arange(max(fed) + cached_depth, device=draft_device)[None]
+    from_path = path.gather(1, (slots - fed_column + 1).clamp(0, path.shape[1] - 1)) + fed_column - 1
+    draft = torch.where(slots < fed_column, slots, from_path)
+    pending_counts = [a - d + 1 for a, d in zip(accepted, in_draft, strict=True)]
+    first = torch.tensor(in_draft, device=draft_device)[:, None]
+    columns = (first + torch.arange(max(pending_counts), device=draft_device)).clamp_max(tokens.shape[1] - 1)
+    return RowsCommit(
+        draft, [f + d for f, d in zip(fed, in_draft, strict=True)], tokens.gather(1, columns), pending_counts
+    )

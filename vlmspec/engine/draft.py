@@ -39,6 +39,35 @@ class Drafted:
     slots: torch.Tensor | None = None
 
 
+def proposal_log_probs(
+    logits: torch.Tensor,
+    processing: NodeProcessing | None,
+    vocab_limit: int,
+    sequence: torch.Tensor,
+    tokens: torch.Tensor | None = None,
+    ancestors: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probabilities of the real tokens (below `vocab_limit`) under the generation config's processing, and their
+    ranking key, for draft `logits` (..., V).
+
+    `ancestors` are the ancestor rows over the tree's `tokens` of the nodes `logits` belong to (None: the root).
+    Tokens the warpers cut (top-k, top-p, ...) get -inf but keep their processed order behind the survivors, so a
+    plan that asks for more children than survive still gets the draft's next best guesses.
+    """
+    if logits.shape[-1] > vocab_limit:
+        logits = logits[..., :vocab_limit]
+    if processing is None:
+        log_probs = torch.log_softmax(logits.float(), dim=-1)
+        return log_probs, log_probs
+    scores = processing.process(logits.reshape(-1, logits.shape[-1]), sequence, tokens, ancestors)
+    ranked = torch.log_softmax(scores, dim=-1).reshape(logits.shape)
+    if not processing.warpers:
+        return ranked, ranked
+    log_probs = processing.log_probs(scores, sequence).reshape(logits.shape)
+    cut = ranked.clamp_min(-_RANK_FLOOR) - 2 * _RANK_FLOOR
+    return log_probs, torch.where(log_probs > -torch.inf, log_probs.clamp_min(-_RANK_FLOOR), cut)
+
+
 class Drafter:
     """Feeds the pending tokens, then each tree level, to the draft; the plan picks children from its top-k.
 
@@ -60,26 +89,9 @@ class Drafter:
         sequence: torch.Tensor,
         rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Log-probabilities of the real tokens under the generation config's processing, and their ranking key.
-
-        `rows` are the ancestor rows of the nodes `logits` belong to (None: the root). Tokens the warpers cut
-        (top-k, top-p, ...) get -inf but keep their processed order behind the survivors, so a plan that asks for
-        more children than survive still gets the draft's next best guesses.
-        """
-        if logits.shape[-1] > self.vocab_limit:
-            logits = logits[..., : self.vocab_limit]
-        if processing is None:
-            log_probs = torch.log_softmax(logits.float(), dim=-1)
-            return log_probs, log_probs
-        builder = self.builder
-        tokens = None if rows is None else builder.tokens[: builder.size]
-        scores = processing.process(logits.reshape(-1, logits.shape[-1]), sequence, tokens, rows)
-        ranked = torch.log_softmax(scores, dim=-1).reshape(logits.shape)
-        if not processing.warpers:
-            return ranked, ranked
-        log_probs = processing.log_probs(scores, sequence).reshape(logits.shape)
-        cut = ranked.clamp_min(-_RANK_FLOOR) - 2 * _RANK_FLOOR
-        return log_probs, torch.where(log_probs > -torch.inf, log_probs.clamp_min(-_RANK_FLOOR), cut)
+        """`proposal_log_probs` of the nodes whose ancestor rows are `rows` (None: the root) in the tree growing."""
+        tokens = None if rows is None else self.builder.tokens[: self.builder.size]
+        return proposal_log_probs(logits, processing, self.vocab_limit, sequence, tokens, rows)
 
     def grow(
         self,

@@ -15,7 +15,7 @@ import torch
 
 from .accept import Verdict
 from .choice import TargetSampler
-from .tree import DraftTree
+from .tree import DraftTree, TreeRows
 
 
 @dataclass
@@ -42,8 +42,14 @@ class StepReport:
 
 def emitted_tokens(tree: DraftTree, verdict: Verdict) -> torch.Tensor:
     """`(tree.depth + 1,)`: the accepted draft tokens, then the bonus token (what follows it is padding)."""
-    tokens = torch.cat([tree.tokens[verdict.path[1:]], verdict.bonus[None]])
-    return tokens.scatter(0, verdict.accepted[None], verdict.bonus[None])
+    return emitted_rows(tree.rows(), Verdict(verdict.path[None], verdict.accepted[None], verdict.bonus[None]))[0]
+
+
+def emitted_rows(trees: TreeRows, verdict: Verdict) -> torch.Tensor:
+    """`emitted_tokens` of every row at once (B, depth + 1)."""
+    bonus = verdict.bonus[:, None]
+    tokens = torch.cat([trees.tokens.gather(1, verdict.path[:, 1:]), bonus], dim=1)
+    return tokens.scatter(1, verdict.accepted[:, None], bonus)
 
 
 @dataclass
@@ -119,21 +125,56 @@ def pack_step(
 ) -> PackedStep:
     """Settle EOS and the budget on the device and pack what the host must know (rows of a batch are packed apart,
     concatenated and read once)."""
+    verdict = Verdict(
+        verdict.path[None],
+        verdict.accepted[None],
+        verdict.bonus[None],
+        None if verdict.doubt is None else verdict.doubt[None],
+    )
+    statistics = None if statistics is None else statistics[None]
+    values = pack_rows(
+        tree.rows(), verdict, tokens[None], eos_token_ids[None], [room], greedy_depth[None], statistics, with_tree
+    )
+    return PackedStep(
+        values[0], tree.size, tokens.shape[0], values.shape[1] - packed_width(tree, tokens, with_tree), with_tree
+    )
+
+
+def packed_width(tree: DraftTree | TreeRows, tokens: torch.Tensor, with_tree: bool) -> int:
+    """How many values a row's packed step holds besides its statistics."""
+    return 5 + 2 * tokens.shape[-1] + (2 * tree.size if with_tree else 0)
+
+
+def pack_rows(
+    trees: TreeRows,
+    verdict: Verdict,
+    tokens: torch.Tensor,
+    eos_token_ids: torch.Tensor,
+    rooms: list[int],
+    greedy_depth: torch.Tensor,
+    statistics: torch.Tensor | None = None,
+    with_tree: bool = False,
+) -> torch.Tensor:
+    """`pack_step` of every row at once, a float64 `(B, values)` matrix read in one go: `tokens` (B, depth + 1) are
+    each row's emitted tokens, `eos_token_ids` (B, E) its EOS ids (padded with -1), `rooms` its tokens left,
+    `statistics` (B, s) its policy's values."""
     device = tokens.device
+    rows = tokens.shape[0]
     offered = verdict.accepted + 1
-    positions = torch.arange(tokens.shape[0], device=device)
-    is_eos = torch.isin(tokens, eos_token_ids) & (positions < offered)
-    hit = is_eos.any()
-    count = torch.where(hit, is_eos.to(torch.uint8).argmax() + 1, offered)
+    positions = torch.arange(tokens.shape[1], device=device)
+    is_eos = (tokens[:, :, None] == eos_token_ids[:, None, :]).any(-1) & (positions[None] < offered[:, None])
+    hit = is_eos.any(1)
+    count = torch.where(hit, is_eos.to(torch.uint8).argmax(1) + 1, offered)
+    room = rooms[0] if rows == 1 else torch.tensor(rooms, device=device)
     finished = hit | (count >= room)
-    doubt = torch.zeros((), dtype=torch.long, device=device) if verdict.doubt is None else verdict.doubt.long()
-    head = [verdict.accepted, count.clamp_max(room), finished.long(), doubt, greedy_depth.to(device)]
-    statistics = torch.empty(0, device=device) if statistics is None else statistics.to(device)
-    parts = [torch.stack(head), tokens, verdict.path, statistics]
+    doubt = torch.zeros_like(hit) if verdict.doubt is None else verdict.doubt
+    head = [verdict.accepted, count.clamp_max(room), finished, doubt, greedy_depth.to(device)]
+    parts = [torch.stack([h.to(torch.float64) for h in head], dim=1), tokens, verdict.path]
+    if statistics is not None:
+        parts.append(statistics.to(device))
     if with_tree:
-        parts += [tree.parents, tree.log_probs]
-    values = torch.cat([p.to(torch.float64) for p in parts])
-    return PackedStep(values, tree.size, tokens.shape[0], statistics.shape[0], with_tree)
+        parts += [trees.parents[None].expand(rows, -1), trees.log_probs]
+    return torch.cat([p.to(torch.float64) for p in parts], dim=1)
 
 
 def unpack_step(values: list[float], packed: PackedStep) -> StepReport:

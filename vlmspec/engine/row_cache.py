@@ -69,6 +69,7 @@ class RowCache(Cache):
         self.capacity = 0
         self.span = 0
         self._write: torch.Tensor | None = None
+        self.starts: torch.Tensor | None = None
         self._writes: dict[torch.device, torch.Tensor] = {}
 
     @property
@@ -93,7 +94,7 @@ class RowCache(Cache):
         end = max(self.lengths) + q
         self.reserve(end)
         device = next(iter(self._slabs.values())).device
-        lengths = torch.tensor(self.lengths, device=device)
+        lengths = self.starts = torch.tensor(self.lengths, device=device)
         self._write = lengths[:, None] + torch.arange(q, device=device)
         self._writes = {device: self._write}
         self.span = end
@@ -154,16 +155,21 @@ class RowCache(Cache):
 
     def keep(self, starts: list[int], keeps: list[torch.Tensor]) -> None:
         """In each row b, of the entries from `starts[b]` on keep those at offsets `keeps[b]` (ascending), moved to
-        `starts[b]`; the row's length becomes `starts[b] + len(keeps[b])`. One gather and one scatter per device."""
+        `starts[b]`; the row's length becomes `starts[b] + len(keeps[b])`."""
         width = max((k.shape[0] for k in keeps), default=0)
-        if width:
-            device = keeps[0].device
-            offsets = torch.zeros(self.rows, width, dtype=torch.long, device=device)
-            for b, kept in enumerate(keeps):
-                offsets[b, : kept.shape[0]] = kept
+        offsets = torch.zeros(self.rows, width, dtype=torch.long, device=keeps[0].device if keeps else None)
+        for b, kept in enumerate(keeps):
+            offsets[b, : kept.shape[0]] = kept
+        self.keep_rows(starts, offsets, [k.shape[0] for k in keeps])
+
+    def keep_rows(self, starts: list[int], offsets: torch.Tensor, counts: list[int]) -> None:
+        """`keep` with every row's offsets in one `(B, W)` tensor, row b's first `counts[b]` of them kept: one gather
+        and one scatter per device, whatever the rows."""
+        if offsets.shape[1]:
+            device = offsets.device
             begin = torch.tensor(starts, device=device)[:, None]
             source = begin + offsets
-            target = begin + torch.arange(width, device=device)
+            target = begin + torch.arange(offsets.shape[1], device=device)
             rows = torch.arange(self.rows, device=device)[:, None]
             for slab in self._slabs.values():
                 view = (
@@ -171,4 +177,4 @@ class RowCache(Cache):
                 )  # (capacity, B, 2L, H, D) over the same storage
                 r, s, t = rows.to(slab.device), source.to(slab.device), target.to(slab.device)
                 view[t, r] = view[s, r].clone()
-        self.lengths = [start + k.shape[0] for start, k in zip(starts, keeps, strict=True)]
+        self.lengths = [start + count for start, count in zip(starts, counts, strict=True)]

@@ -34,6 +34,7 @@ class RowRunner:
         self.adapter = adapter
         self.cache = RowCache(adapter.layer_devices(), slots)
         self.offsets: list[int] = []
+        self._offsets: tuple[list[int], torch.Tensor] | None = None
         self.refresh()
 
     def refresh(self) -> None:
@@ -89,8 +90,51 @@ class RowRunner:
             block = length + n - width
             visible[b, :, :block] = True
             visible[b, :n, block : length + n] = request.visible
-        mask = torch.zeros(visible.shape, dtype=self.dtype, device=device)
-        mask.masked_fill_(visible.logical_not(), torch.finfo(self.dtype).min)
+        logits = self._run(tokens, positions, visible, counts)
+        return [None if n == 0 else logits[b, :n] for b, n in enumerate(counts)]
+
+    def forward_rows(
+        self,
+        tokens: torch.Tensor,
+        depths: torch.Tensor,
+        base: torch.Tensor,
+        visible: torch.Tensor | None,
+        counts: list[int] | None = None,
+    ) -> torch.Tensor:
+        """Every row feeds `tokens` (B, q) at positions `position(base[b]) + depths` (`depths` (q,) or (B, q)); row b's
+        first `counts[b]` (all, by default) enter its cache. With `visible` (q, w) every row's query i sees, of the
+        row's last w keys after this forward (its own and earlier tree levels'), the marked ones, and every key before
+        them; with None, the row's keys up to its own position (a causal block). Returns the logits (B, q, V).
+        A fixed number of operations, whatever the rows."""
+        cache, device = self.cache, self.device
+        rows, q = tokens.shape
+        cache.prepare(q)
+        lengths, keys = cache.starts, torch.arange(cache.span, device=device)
+        if visible is None:
+            seen = keys[None, None, :] <= lengths[:, None, None] + torch.arange(q, device=device)[None, :, None]
+        else:
+            width = visible.shape[1]
+            relative = keys[None, :] - (lengths + (q - width))[:, None]
+            inside = (relative >= 0) & (relative < width)
+            block = visible[:, relative.clamp(0, width - 1)].transpose(0, 1)
+            seen = (relative < 0)[:, None, :] | (inside[:, None, :] & block)
+        positions = (self.offsets_tensor() + base)[:, None] + depths
+        return self._run(tokens, positions, seen, [q] * rows if counts is None else counts)
+
+    def offsets_tensor(self) -> torch.Tensor:
+        """The rows' position offsets on the device (made again only when the rows change)."""
+        if self._offsets is None or self._offsets[0] != self.offsets:
+            self._offsets = (list(self.offsets), torch.tensor(self.offsets, device=self.device))
+        return self._offsets[1]
+
+    def _run(
+        self, tokens: torch.Tensor, positions: torch.Tensor, seen: torch.Tensor, counts: list[int]
+    ) -> torch.Tensor:
+        """The forward over `tokens` (B, q) at `positions`, each query seeing the keys `seen` (B, q, span) marks; the
+        first `counts[b]` of row b enter its cache. Returns the logits (B, q, V)."""
+        rows, q = tokens.shape
+        mask = torch.zeros(seen.shape, dtype=self.dtype, device=self.device)
+        mask.masked_fill_(seen.logical_not(), torch.finfo(self.dtype).min)
         position_ids = self.adapter.position_ids(positions.reshape(-1))
         position_ids = position_ids.reshape(*position_ids.shape[:-2], rows, q)
         with tree_attention(self.adapter.language_model.config):
@@ -98,13 +142,16 @@ class RowRunner:
                 input_ids=tokens,
                 position_ids=position_ids,
                 attention_mask=mask[:, None],
-                past_key_values=cache,
+                past_key_values=self.cache,
                 use_cache=True,
             )
-        cache.commit(counts)
-        logits = out.logits.to(device)
-        return [None if n == 0 else logits[b, :n] for b, n in enumerate(counts)]
+        self.cache.commit(counts)
+        return out.logits.to(self.device)
 
     def keep(self, starts: list[int], keeps: list[torch.Tensor]) -> None:
         """In each row, of the entries from `starts[b]` on keep those at offsets `keeps[b]` (ascending)."""
         self.cache.keep(starts, [k.to(self.device) for k in keeps])
+
+    def keep_rows(self, starts: list[int], offsets: torch.Tensor, counts: list[int]) -> None:
+        """`keep` with every row's offsets in one `(B, W)` tensor, row b keeping its first `counts[b]`."""
+        self.cache.keep_rows(starts, offsets.to(self.device), counts)

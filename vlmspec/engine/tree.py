@@ -6,6 +6,7 @@ level by level, so a node's index is larger than its parent's and every root-to-
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -57,11 +58,114 @@ class DraftTree:
         (without `prefix_len`, the block over the nodes' own keys that the tree attention takes)."""
         return additive_mask(self.ancestors, dtype, prefix_len)
 
+    def rows(self) -> TreeRows:
+        """The tree as a batch of one (views, no copy)."""
+        return TreeRows(self.tokens[None], self.log_probs[None], self.parents, self.depths, self.ancestors, self.depth)
+
     def leaf_paths(self) -> list[list[int]]:
         """Every root-to-leaf path as lists of node indices (for inspection and tests, not the hot path)."""
         has_child = torch.zeros(self.size, dtype=torch.bool, device=self.tokens.device)
         has_child[self.parents[1:]] = True
         return [self.path_to(int(i)).tolist() for i in (~has_child).nonzero().squeeze(1)]
+
+
+@dataclass
+class TreeRows:
+    """Every row's tree of one step as `(B, N)` tensors over one structure.
+
+    The rows' trees share `parents`, `depths` (N,) and `ancestors` (N, N) and differ in `tokens` and cumulative draft
+    `log_probs` (B, N). `valid` (B, N), when given, marks the nodes a row may accept: a row near its token budget
+    drafts the same levels as the others, its deeper nodes invalid. `depth` is the deepest node's depth.
+    """
+
+    tokens: torch.Tensor
+    log_probs: torch.Tensor
+    parents: torch.Tensor
+    depths: torch.Tensor
+    ancestors: torch.Tensor
+    depth: int
+    valid: torch.Tensor | None = None
+
+    @property
+    def size(self) -> int:
+        """Nodes per row, the root included."""
+        return self.tokens.shape[1]
+
+    def to(self, device: torch.device) -> TreeRows:
+        """The same trees on `device` (the target may sit on another device than the draft)."""
+        if self.tokens.device == device:
+            return self
+        valid = None if self.valid is None else self.valid.to(device)
+        tensors = (self.tokens, self.log_probs, self.parents, self.depths, self.ancestors)
+        return TreeRows(*(t.to(device) for t in tensors), self.depth, valid)
+
+    def row(self, b: int) -> DraftTree:
+        """Row `b`'s tree (views, no copy), its invalid nodes included."""
+        return DraftTree(self.tokens[b], self.parents, self.depths, self.log_probs[b], self.ancestors, self.depth)
+
+
+@dataclass
+class TreeShape:
+    """The structure a fixed tree of rank paths gives every row's tree: node i's parent, depth, ancestors and draft
+    rank, and per level the new nodes as (frontier row, rank) pairs over the level above. Nodes are in the order
+    `TreeBuilder` grows them: level by level, each level by parent, then rank."""
+
+    parents: torch.Tensor
+    depths: torch.Tensor
+    ancestors: torch.Tensor
+    ranks: torch.Tensor
+    level_ends: list[int]
+    children: list[tuple[torch.Tensor, torch.Tensor]]
+
+    @property
+    def size(self) -> int:
+        return self.parents.shape[0]
+
+    @property
+    def depth(self) -> int:
+        return len(self.level_ends) - 1
+
+    def level(self, level: int) -> slice:
+        """The nodes of `level` (0 is the root)."""
+        return slice(self.level_ends[level - 1] if level else 0, self.level_ends[level])
+
+    def ancestor_mask(self, levels: int) -> torch.Tensor:
+        """`ancestors` of the tree cut to its first `levels` levels."""
+        end = self.level_ends[levels]
+        return self.ancestors[:end, :end]
+
+
+_SHAPES: dict[tuple[tuple[tuple[int, ...], ...], torch.device], TreeShape] = {}
+
+
+def rank_tree_shape(paths: Sequence[Sequence[int]], device: torch.device) -> TreeShape:
+    """The `TreeShape` of the tree whose nodes below the root are the rank `paths` (made once per tree and device)."""
+    key = (tuple(sorted({tuple(p) for p in paths}, key=lambda p: (len(p), p))), torch.device(device))
+    shape = _SHAPES.get(key)
+    if shape is not None:
+        return shape
+    nodes: list[tuple[int, ...]] = [(), *key[0]]
+    index = {path: i for i, path in enumerate(nodes)}
+    parents = [-1] + [index[p[:-1]] for p in nodes[1:]]
+    ancestors = torch.eye(len(nodes), dtype=torch.bool)
+    for i in range(1, len(nodes)):
+        ancestors[i] |= ancestors[parents[i]]
+    level_ends = [sum(len(p) <= d for p in nodes) for d in range(max(len(p) for p in nodes) + 1)]
+    children = []
+    for level in range(1, len(level_ends)):
+        first = level_ends[level - 2] if level > 1 else 0
+        members = nodes[level_ends[level - 1] : level_ends[level]]
+        rows = torch.tensor([index[p[:-1]] - first for p in members], device=device)
+        children.append((rows, torch.tensor([p[-1] for p in members], device=device)))
+    shape = _SHAPES[key] = TreeShape(
+        parents=torch.tensor(parents, device=device),
+        depths=torch.tensor([len(p) for p in nodes], device=device),
+        ancestors=ancestors.to(device),
+        ranks=torch.tensor([p[-1] if p else 0 for p in nodes], device=device),
+        level_ends=level_ends,
+        children=children,
+    )
+    return shape
 
 
 class TreeBuilder:

@@ -63,10 +63,11 @@ class SageConfig:
 
 
 def confidence_tensor(root_log_probs: torch.Tensor, top_k: int) -> torch.Tensor:
-    """alpha = 1 - H / log k over the renormalised top-k probabilities, on the device: 1 for one-hot, 0 for uniform."""
-    top = root_log_probs.topk(top_k).values.float()
+    """alpha = 1 - H / log k over the renormalised top-k probabilities of `root_log_probs` (..., V), on the device:
+    1 for one-hot, 0 for uniform (one value per row)."""
+    top = root_log_probs.topk(top_k, dim=-1).values.float()
     p = torch.softmax(top, dim=-1)
-    entropy = -(p * p.clamp_min(1e-30).log()).sum()
+    entropy = -(p * p.clamp_min(1e-30).log()).sum(-1)
     return (1.0 - entropy / math.log(top_k)).clamp(0.0, 1.0)
 
 
@@ -197,7 +198,7 @@ class SagePolicy(TreePolicy):
         )
 
     def statistics(self, root_log_probs: torch.Tensor) -> torch.Tensor:
-        return confidence_tensor(root_log_probs, self.config.top_k)[None]
+        return confidence_tensor(root_log_probs, self.config.top_k)[..., None]
 
     def observe(self, step: StepOutcome) -> None:
         self._steps += 1

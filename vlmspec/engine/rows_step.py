@@ -1,0 +1,268 @@
+"""One step of many sequences as `(B, N)` tensors, when every row drafts the same tree of rank paths (a chain, a
+static tree): drafting a level, verification, acceptance and the commit each run as a fixed number of operations
+over all rows, and the step's results are read once for all rows.
+
+A row near its token budget drafts the same levels as the others; its nodes past what the budget allows are
+invalid (never accepted), and a row with its own generator draws only its valid nodes' uniforms, so it decodes as
+it would alone. Rows whose generation config has logits processors process their logits row by row (the
+processors see each node's own sequence); without processors nothing here loops over rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .accept import Verdict, accept_greedy_rows, accept_sampled_rows
+from .choice import NodeProcessing, TargetSampler
+from .draft import Drafted, proposal_log_probs
+from .report import (
+    PackedStep,
+    StepReport,
+    emitted_rows,
+    emitted_tokens,
+    pack_rows,
+    pack_step,
+    packed_width,
+    unpack_step,
+)
+from .row_runner import RowRunner
+from .tree import DraftTree, TreeRows, TreeShape
+
+
+@dataclass
+class RowsDrafted:
+    """Every row's tree of a step, the draft's root log-probabilities (B, V), how many levels the draft cache holds,
+    each row's greedy depth (B,) and valid nodes (`sizes`, host), and the draft forwards and tokens fed (padding
+    included)."""
+
+    trees: TreeRows
+    root_log_probs: torch.Tensor
+    cached_depth: int
+    greedy_depth: torch.Tensor
+    sizes: list[int]
+    depths: list[int]
+    forwards: int
+    fed_tokens: int
+
+    def row(self, b: int) -> Drafted:
+        """Row `b`'s tree cut to its valid nodes, as the one-row drafter would have grown it (views)."""
+        n, trees = self.sizes[b], self.trees
+        tree = DraftTree(
+            trees.tokens[b, :n],
+            trees.parents[:n],
+            trees.depths[:n],
+            trees.log_probs[b, :n],
+            trees.ancestors[:n, :n],
+            self.depths[b],
+        )
+        return Drafted(
+            tree, self.root_log_probs[b], self.cached_depth, self.greedy_depth[b], self.forwards, self.fed_tokens
+        )
+
+
+def uniform_processing(processings: Sequence[NodeProcessing | None]) -> bool:
+    """Whether no row processes its logits (so every row's log-probabilities come from one batched operation)."""
+    return all(p is None or not (p.sequence_processors or p.warpers) for p in processings)
+
+
+def draft_rows(
+    draft: RowRunner,
+    shape: TreeShape,
+    top_k: int,
+    pending: torch.Tensor,
+    counts: list[int],
+    max_depths: list[int],
+    vocab_limit: int,
+    input_limit: int,
+    processings: Sequence[NodeProcessing | None],
+    sequences: Sequence[torch.Tensor],
+) -> RowsDrafted:
+    """Grow every row's tree of `shape` with one draft forward per level over all rows.
+
+    `pending` (B, P) holds each row's emitted tokens the draft has not seen (its first `counts[b]`, the last of them
+    the row's root); row b grows at most `max_depths[b]` levels (its budget), the others' deeper nodes invalid.
+    `processings` and `sequences` are each row's config processing for the draft (None: none) and tokens so far.
+    """
+    device = pending.device
+    rows = pending.shape[0]
+    depth = min(shape.depth, max(max_depths))
+    n = shape.level_ends[depth]
+    last = torch.tensor([c - 1 for c in counts], device=device)
+    base = torch.tensor(draft.lengths, device=device)
+    fed = pending.clamp_max(input_limit - 1)
+    logits = draft.forward_rows(fed, torch.arange(fed.shape[1], device=device), base, None, counts)
+    root_logits = logits.gather(1, last[:, None, None].expand(rows, 1, logits.shape[2]))[:, 0]
+    plain = uniform_processing(processings)
+    tokens = torch.empty(rows, n, dtype=torch.long, device=device)
+    log_probs = torch.zeros(rows, n, device=device)
+    tokens[:, 0] = pending.gather(1, last[:, None])[:, 0]
+    root_log_probs, root_order = _log_probs(root_logits[:, None], plain, processings, sequences, vocab_limit)
+    child_log_probs, child_order = root_log_probs, root_order
+    root_index = base + last
+    cached_depth, forwards, fed_tokens = 0, 1, rows * fed.shape[1]
+    for level in range(1, depth + 1):
+        frontier, new = shape.level(level - 1), shape.level(level)
+        parent_rows, ranks = shape.children[level - 1]
+        top = child_order.topk(top_k, dim=-1).indices
+        top_log_probs = child_log_probs.gather(-1, top)
+        tokens[:, new] = top[:, parent_rows, ranks]
+        log_probs[:, new] = log_probs[:, frontier][:, parent_rows] + top_log_probs[:, parent_rows, ranks]
+        if level == depth:
+            break
+        visible = shape.ancestors[new, 1 : new.stop]
+        logits = draft.forward_rows(tokens[:, new], shape.depths[new], root_index, visible)
+        forwards, fed_tokens = forwards + 1, fed_tokens + rows * (new.stop - new.start)
+        ancestors = shape.ancestors[new, : new.stop]
+        child_log_probs, child_order = _log_probs(
+            logits, plain, processings, sequences, vocab_limit, tokens[:, : new.stop], ancestors
+        )
+        cached_depth = level
+    row_depths = [min(depth, d) for d in max_depths]
+    valid = None
+    if min(row_depths) < depth:
+        valid = shape.depths[None, :n] <= torch.tensor(row_depths, device=device)[:, None]
+    trees = TreeRows(tokens, log_probs, shape.parents[:n], shape.depths[:n], shape.ancestors[:n, :n], depth, valid)
+    on_greedy_path = ~(trees.ancestors & (shape.ranks[:n] != 0)[None, :]).any(dim=1)
+    greedy = (trees.depths * on_greedy_path)[None].expand(rows, n)
+    greedy_depth = (greedy if valid is None else greedy * valid).amax(dim=1)
+    sizes = [shape.level_ends[d] for d in row_depths]
+    return RowsDrafted(trees, root_log_probs[:, 0], cached_depth, greedy_depth, sizes, row_depths, forwards, fed_tokens)
+
+
+def _log_probs(
+    logits: torch.Tensor,
+    plain: bool,
+    processings: Sequence[NodeProcessing | None],
+    sequences: Sequence[torch.Tensor],
+    vocab_limit: int,
+    tokens: torch.Tensor | None = None,
+    ancestors: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every row's proposal log-probabilities and ranking key (B, m, V) from the draft's `logits` (B, m, V): at once
+    when no row processes its logits, else row by row (each node's processors see its own sequence)."""
+    if plain:
+        log_probs = torch.log_softmax(logits[..., :vocab_limit].float(), dim=-1)
+        return log_probs, log_probs
+    parts = [
+        proposal_log_probs(
+            logits[b], processing, vocab_limit, sequences[b], None if tokens is None else tokens[b], ancestors
+        )
+        for b, processing in enumerate(processings)
+    ]
+    return torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts])
+
+
+@dataclass
+class RowsVerdict:
+    """A step's acceptance of every row: the verdicts (batched), the tokens each row emits (B, depth + 1) and each
+    row's report, read once."""
+
+    verdict: Verdict
+    tokens: torch.Tensor
+    reports: list[StepReport]
+
+
+def accept_all(
+    drafted: RowsDrafted,
+    trees: TreeRows,
+    logits: torch.Tensor,
+    samplers: Sequence[TargetSampler],
+    sequences: Sequence[torch.Tensor],
+    eos_token_ids: torch.Tensor,
+    rooms: list[int],
+    statistics: torch.Tensor | None,
+    with_tree: bool,
+) -> RowsVerdict:
+    """Accept every row's tree from the target's `logits` (B, N, V) and read all rows' results at once. The rows share
+    one rule (all greedy or all sampling); a sampled row whose verdict is in doubt is accepted again alone from its
+    full rows (a second read, only then). `trees` are `drafted.trees` where the target's logits are."""
+    sampling = samplers[0].do_sample
+    processings = [s.processing for s in samplers]
+    if not sampling and uniform_processing(processings):
+        verdict = accept_greedy_rows(trees, logits.argmax(-1))
+    elif not sampling:
+        choices = [
+            s.processing.process(logits[b], sequences[b], trees.tokens[b], trees.ancestors)
+            for b, s in enumerate(samplers)
+        ]
+        verdict = accept_greedy_rows(trees, torch.stack([c.argmax(-1) for c in choices]))
+    else:
+        if uniform_processing(processings):
+            probs, doubt = logits.float().softmax(-1), None
+        else:
+            distributions = [
+                s.processing.distribution(
+                    s.processing.process(logits[b], sequences[b], trees.tokens[b], trees.ancestors), sequences[b]
+                )
+                for b, s in enumerate(samplers)
+            ]
+            probs = torch.stack([d[0] for d in distributions])
+            doubt = torch.stack([d[1] for d in distributions])
+        generators = [s.generator for s in samplers]
+        own = None if all(g is None for g in generators) else generators
+        verdict = accept_sampled_rows(trees, probs, own, drafted.sizes)
+        verdict.doubt = doubt
+    tokens = emitted_rows(trees, verdict)
+    packed = pack_rows(trees, verdict, tokens, eos_token_ids, rooms, drafted.greedy_depth, statistics, with_tree)
+    values = packed.tolist()
+    width = packed_width(trees, tokens, with_tree)
+    layout = PackedStep(packed[0], trees.size, tokens.shape[1], packed.shape[1] - width, with_tree)
+    reports = [unpack_step(row, layout) for row in values]
+    for b, report in enumerate(reports):
+        if report.doubt:
+            reports[b] = _accept_again(
+                drafted,
+                b,
+                logits[b],
+                samplers[b],
+                sequences[b],
+                eos_token_ids[b],
+                rooms[b],
+                statistics,
+                with_tree,
+                verdict,
+                tokens,
+            )
+    return RowsVerdict(verdict, tokens, reports)
+
+
+def _accept_again(
+    drafted: RowsDrafted,
+    b: int,
+    logits: torch.Tensor,
+    sampler: TargetSampler,
+    sequence: torch.Tensor,
+    eos_token_ids: torch.Tensor,
+    room: int,
+    statistics: torch.Tensor | None,
+    with_tree: bool,
+    verdict: Verdict,
+    tokens: torch.Tensor,
+) -> StepReport:
+    """Row `b`'s sampled verdict drawn again from its full rows, written into the batch's `verdict` and `tokens`;
+    returns its report (read alone)."""
+    grown = drafted.row(b)
+    tree = grown.tree.to(logits.device)
+    own = sampler.accept(tree, logits[: tree.size], sequence, compact=False)
+    emitted = emitted_tokens(tree, own)
+    step = pack_step(
+        tree,
+        own,
+        emitted,
+        eos_token_ids,
+        room,
+        grown.greedy_depth,
+        None if statistics is None else statistics[b],
+        with_tree,
+    )
+    report = unpack_step(step.values.tolist(), step)
+    depth = emitted.shape[0]
+    verdict.path[b].zero_()
+    verdict.path[b, :depth] = own.path
+    verdict.accepted[b] = own.accepted
+    verdict.bonus[b] = own.bonus
+    tokens[b, :depth] = emitted
+    return report
