@@ -25,7 +25,7 @@ from .draft import Drafted, Drafter
 from .loop import DecodeSettings, Prefilled, SpeculativeDecoder, TokenSink, observe_step
 from .report import RowStep, StepReport, accept_rows
 from .row_runner import RowForward, RowRunner
-from .rows_step import RowsDrafted, RowsVerdict, accept_all, draft_rows
+from .rows_step import RowsDrafted, RowsVerdict, accept_all, draft_rows, uniform_processing
 from .stats import PhaseTimer, SpecStats
 from .tree import DraftTree, rank_tree_shape
 
@@ -361,8 +361,11 @@ class BatchDecoder:
         per tree level, one verification, one acceptance and one read, one commit in each cache."""
         pending, counts = self._pending_rows(rows, draft.device)
         draft_starts, target_starts = list(draft.lengths), list(target.lengths)
-        sequences = [row.sink.sequence for row in rows]
         processings = [row.settings.draft_processing for row in rows]
+        samplers = [row.settings.sampler for row in rows]
+        # Without logits processors nothing reads the rows' sequences on the device until they finish.
+        reads_sequences = not uniform_processing(processings + [s.processing for s in samplers])
+        sequences = [row.sink.sequence if reads_sequences else None for row in rows]
         draft_sequences = [
             s if p is None else s.to(draft.device).clamp_max(self.vocab_limit - 1)
             for s, p in zip(sequences, processings, strict=True)
@@ -384,15 +387,15 @@ class BatchDecoder:
             )
         trees = drafted.trees.to(target.device)
         with timer("verification"):
-            base = torch.tensor(target_starts, device=target.device)
-            logits = target.forward_rows(trees.tokens, trees.depths, base, trees.ancestors)
+            start = target.positions(torch.tensor(target_starts, device=target.device))
+            logits = target.forward_rows(trees.tokens, trees.depths, start, trees.ancestors)
         with timer("acceptance"):
             policy = rows[0].policy
             accepted = accept_all(
                 drafted,
                 trees,
                 logits,
-                [row.settings.sampler for row in rows],
+                samplers,
                 sequences,
                 self._eos_rows(rows, target.device),
                 [row.sink.room for row in rows],
@@ -418,7 +421,7 @@ class BatchDecoder:
             batch = shape if len(rows) > 1 else None
             observe_step(row.policy, plan, grown, grown.tree, report, row.stats, timer, step_started, contexts, batch)
             shape = replace(shape, first=False)
-            row.sink.take(accepted.tokens[b], report)
+            row.sink.take(accepted.tokens[b], report, on_device=reads_sequences)
 
     def _pending_rows(self, rows: list[_Row], device: torch.device) -> tuple[torch.Tensor, list[int]]:
         """Every row's tokens the draft has not seen, left-aligned in one `(B, P)` tensor, and how many each has: the

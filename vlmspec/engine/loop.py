@@ -41,7 +41,12 @@ class DecodeSettings:
 
 
 class TokenSink:
-    """Collects emitted tokens after the prompt, cuts at EOS and at the budget, and feeds a streamer."""
+    """Collects emitted tokens after the prompt, cuts at EOS and at the budget, and feeds a streamer.
+
+    Tokens taken `on_device=False` are kept as the host's copy of the step's read and written to the device in one
+    copy when the sequence is next asked for: a batch whose rows' sequences nothing reads during decoding (no logits
+    processors) writes each row's tokens once, at its end, not once per step.
+    """
 
     def __init__(self, prompt: torch.Tensor, settings: DecodeSettings, streamer: Any):
         self.settings = settings
@@ -51,12 +56,21 @@ class TokenSink:
         self.length = prompt.shape[1]
         self.prompt_length = prompt.shape[1]
         self.finished = settings.max_new_tokens <= 0
+        self._host: list[int] = []
         if streamer is not None:
             streamer.put(prompt.cpu())
 
     @property
     def sequence(self) -> torch.Tensor:
+        self._write_host()
         return self.buffer[:, : self.length]
+
+    def _write_host(self) -> None:
+        """Write the tokens kept on the host into the device's buffer."""
+        if self._host:
+            start = self.length - len(self._host)
+            self.buffer[0, start : self.length] = torch.tensor(self._host, device=self.buffer.device)
+            self._host = []
 
     @property
     def new_tokens(self) -> int:
@@ -67,9 +81,14 @@ class TokenSink:
         """Tokens the budget still allows."""
         return self.settings.max_new_tokens - self.new_tokens
 
-    def take(self, tokens: torch.Tensor, report: StepReport) -> None:
-        """Append the first `report.count` of a step's `tokens` (on the device), as its report settled them."""
-        self.buffer[0, self.length : self.length + report.count] = tokens[: report.count]
+    def take(self, tokens: torch.Tensor, report: StepReport, on_device: bool = True) -> None:
+        """Append the first `report.count` of a step's `tokens` (on the device), as its report settled them: copied
+        on the device, or (`on_device=False`) kept from the report's host copy until the sequence is asked for."""
+        if on_device:
+            self._write_host()
+            self.buffer[0, self.length : self.length + report.count] = tokens[: report.count]
+        else:
+            self._host += report.tokens[: report.count]
         self.length += report.count
         self.finished = report.finished
         if self.streamer is not None and report.count:
@@ -77,6 +96,7 @@ class TokenSink:
 
     def emit(self, tokens: torch.Tensor) -> None:
         """Append `tokens` (k,), stopping after the first EOS or when `max_new_tokens` is reached."""
+        self._write_host()
         room = self.room
         is_eos = torch.isin(tokens, self.settings.eos_token_ids)
         if bool(is_eos.any()):

@@ -40,6 +40,7 @@ class RowRunner:
     def refresh(self) -> None:
         self.device = self.adapter.device
         self.dtype = self.adapter.dtype
+        self._zero = torch.zeros((), dtype=self.dtype, device=self.device)
 
     @property
     def lengths(self) -> list[int]:
@@ -97,29 +98,33 @@ class RowRunner:
         self,
         tokens: torch.Tensor,
         depths: torch.Tensor,
-        base: torch.Tensor,
+        start: torch.Tensor,
         visible: torch.Tensor | None,
         counts: list[int] | None = None,
     ) -> torch.Tensor:
-        """Every row feeds `tokens` (B, q) at positions `position(base[b]) + depths` (`depths` (q,) or (B, q)); row b's
-        first `counts[b]` (all, by default) enter its cache. With `visible` (q, w) every row's query i sees, of the
-        row's last w keys after this forward (its own and earlier tree levels'), the marked ones, and every key before
-        them; with None, the row's keys up to its own position (a causal block). Returns the logits (B, q, V).
-        A fixed number of operations, whatever the rows."""
+        """Every row feeds `tokens` (B, q) at positions `start[b] + depths` (`depths` (q,) or (B, q)); row b's first
+        `counts[b]` (all, by default) enter its cache. With `visible` (q, w) every row's query i sees, of the row's
+        last w keys after this forward (its own and earlier tree levels'), the marked ones, and every key before them;
+        with None, the row's keys up to its own (a causal block). Returns the logits (B, q, V). A fixed number of
+        operations, whatever the rows."""
         cache, device = self.cache, self.device
         rows, q = tokens.shape
         cache.prepare(q)
-        lengths, keys = cache.starts, torch.arange(cache.span, device=device)
+        relative = torch.arange(cache.span, device=device)[None, :] - cache.starts[:, None]
         if visible is None:
-            seen = keys[None, None, :] <= lengths[:, None, None] + torch.arange(q, device=device)[None, :, None]
+            seen = relative[:, None, :] <= torch.arange(q, device=device)[None, :, None]
         else:
             width = visible.shape[1]
-            relative = keys[None, :] - (lengths + (q - width))[:, None]
-            inside = (relative >= 0) & (relative < width)
-            block = visible[:, relative.clamp(0, width - 1)].transpose(0, 1)
-            seen = (relative < 0)[:, None, :] | (inside[:, None, :] & block)
-        positions = (self.offsets_tensor() + base)[:, None] + depths
-        return self._run(tokens, positions, seen, [q] * rows if counts is None else counts)
+            # Column `width` is "after the block" (unseen), the last column "before it" (seen): a clamped index says
+            # which of the three a key is.
+            edges = visible.new_tensor([False, True]).expand(q, 2)
+            block = torch.cat([visible, edges], dim=1)
+            seen = block[:, (relative - (q - width)).clamp(-1, width)].transpose(0, 1)
+        return self._run(tokens, start[:, None] + depths, seen, [q] * rows if counts is None else counts)
+
+    def positions(self, index: torch.Tensor) -> torch.Tensor:
+        """The positions (B,) of each row's token at cache index `index[b]`."""
+        return self.offsets_tensor() + index
 
     def offsets_tensor(self) -> torch.Tensor:
         """The rows' position offsets on the device (made again only when the rows change)."""
@@ -133,8 +138,7 @@ class RowRunner:
         """The forward over `tokens` (B, q) at `positions`, each query seeing the keys `seen` (B, q, span) marks; the
         first `counts[b]` of row b enter its cache. Returns the logits (B, q, V)."""
         rows, q = tokens.shape
-        mask = torch.zeros(seen.shape, dtype=self.dtype, device=self.device)
-        mask.masked_fill_(seen.logical_not(), torch.finfo(self.dtype).min)
+        mask = torch.where(seen, self._zero, torch.finfo(self.dtype).min)
         position_ids = self.adapter.position_ids(positions.reshape(-1))
         position_ids = position_ids.reshape(*position_ids.shape[:-2], rows, q)
         with tree_attention(self.adapter.language_model.config):

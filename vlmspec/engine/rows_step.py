@@ -78,22 +78,23 @@ def draft_rows(
     vocab_limit: int,
     input_limit: int,
     processings: Sequence[NodeProcessing | None],
-    sequences: Sequence[torch.Tensor],
+    sequences: Sequence[torch.Tensor | None],
 ) -> RowsDrafted:
     """Grow every row's tree of `shape` with one draft forward per level over all rows.
 
     `pending` (B, P) holds each row's emitted tokens the draft has not seen (its first `counts[b]`, the last of them
     the row's root); row b grows at most `max_depths[b]` levels (its budget), the others' deeper nodes invalid.
-    `processings` and `sequences` are each row's config processing for the draft (None: none) and tokens so far.
+    `processings` and `sequences` are each row's config processing for the draft (None: none) and tokens so far
+    (needed only where a row processes its logits).
     """
     device = pending.device
     rows = pending.shape[0]
     depth = min(shape.depth, max(max_depths))
     n = shape.level_ends[depth]
     last = torch.tensor([c - 1 for c in counts], device=device)
-    base = torch.tensor(draft.lengths, device=device)
+    start = draft.positions(torch.tensor(draft.lengths, device=device))
     fed = pending.clamp_max(input_limit - 1)
-    logits = draft.forward_rows(fed, torch.arange(fed.shape[1], device=device), base, None, counts)
+    logits = draft.forward_rows(fed, torch.arange(fed.shape[1], device=device), start, None, counts)
     root_logits = logits.gather(1, last[:, None, None].expand(rows, 1, logits.shape[2]))[:, 0]
     plain = uniform_processing(processings)
     tokens = torch.empty(rows, n, dtype=torch.long, device=device)
@@ -101,7 +102,7 @@ def draft_rows(
     tokens[:, 0] = pending.gather(1, last[:, None])[:, 0]
     root_log_probs, root_order = _log_probs(root_logits[:, None], plain, processings, sequences, vocab_limit)
     child_log_probs, child_order = root_log_probs, root_order
-    root_index = base + last
+    root_position = start + last
     cached_depth, forwards, fed_tokens = 0, 1, rows * fed.shape[1]
     for level in range(1, depth + 1):
         frontier, new = shape.level(level - 1), shape.level(level)
@@ -113,7 +114,7 @@ def draft_rows(
         if level == depth:
             break
         visible = shape.ancestors[new, 1 : new.stop]
-        logits = draft.forward_rows(tokens[:, new], shape.depths[new], root_index, visible)
+        logits = draft.forward_rows(tokens[:, new], shape.depths[new], root_position, visible)
         forwards, fed_tokens = forwards + 1, fed_tokens + rows * (new.stop - new.start)
         ancestors = shape.ancestors[new, : new.stop]
         child_log_probs, child_order = _log_probs(
@@ -136,7 +137,7 @@ def _log_probs(
     logits: torch.Tensor,
     plain: bool,
     processings: Sequence[NodeProcessing | None],
-    sequences: Sequence[torch.Tensor],
+    sequences: Sequence[torch.Tensor | None],
     vocab_limit: int,
     tokens: torch.Tensor | None = None,
     ancestors: torch.Tensor | None = None,
@@ -170,7 +171,7 @@ def accept_all(
     trees: TreeRows,
     logits: torch.Tensor,
     samplers: Sequence[TargetSampler],
-    sequences: Sequence[torch.Tensor],
+    sequences: Sequence[torch.Tensor | None],
     eos_token_ids: torch.Tensor,
     rooms: list[int],
     statistics: torch.Tensor | None,

@@ -1,0 +1,160 @@
+"""A batch's step as `(B, N)` tensors, on made-up tensors, no model: every row's tree of one rank-path shape, its
+acceptance, the packing of its results and its commit equal what the row's own tree gives alone, rows near their
+budget included (their deeper nodes invalid)."""
+
+from __future__ import annotations
+
+import torch
+
+from vlmspec.engine.accept import Verdict, accept_greedy, accept_greedy_rows, accept_sampled, accept_sampled_rows
+from vlmspec.engine.cache import SlabCache
+from vlmspec.engine.commit import plan_commit, plan_commit_rows
+from vlmspec.engine.report import emitted_rows, emitted_tokens, pack_rows, pack_step
+from vlmspec.engine.row_cache import RowCache
+from vlmspec.engine.tree import DraftTree, TreeRows, rank_tree_shape
+from vlmspec.policies import RankTreePlan
+from vlmspec.policies.static import SPECVLM_TREE
+
+CPU = torch.device("cpu")
+PATHS = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
+VOCAB = 6
+
+
+def rows_of(tokens: list[list[int]], valid_depths: list[int] | None = None) -> TreeRows:
+    shape = rank_tree_shape(PATHS, CPU)
+    tokens_tensor = torch.tensor(tokens)
+    valid = None
+    if valid_depths is not None:
+        valid = shape.depths[None] <= torch.tensor(valid_depths)[:, None]
+    return TreeRows(
+        tokens_tensor,
+        torch.zeros(tokens_tensor.shape, dtype=torch.float32),
+        shape.parents,
+        shape.depths,
+        shape.ancestors,
+        shape.depth,
+        valid,
+    )
+
+
+def cut(tree: DraftTree, depth: int) -> DraftTree:
+    """`tree` without its nodes deeper than `depth`."""
+    n = int((tree.depths <= depth).sum())
+    return DraftTree(
+        tree.tokens[:n], tree.parents[:n], tree.depths[:n], tree.log_probs[:n], tree.ancestors[:n, :n], depth
+    )
+
+
+TOKENS = [[4, 1, 2, 3, 5, 0, 2], [0, 2, 3, 1, 4, 5, 1], [3, 3, 1, 0, 2, 4, 5]]
+
+
+def test_a_rank_tree_shape_orders_nodes_by_level_then_parent_then_rank():
+    shape = rank_tree_shape(PATHS, CPU)
+    assert shape.parents.tolist() == [-1, 0, 0, 1, 1, 2, 3]
+    assert shape.depths.tolist() == [0, 1, 1, 2, 2, 2, 3]
+    assert shape.ranks.tolist() == [0, 0, 1, 0, 1, 0, 0]
+    assert shape.level_ends == [1, 3, 6, 7]
+    assert [rows.tolist() for rows, _ in shape.children] == [[0, 0], [0, 0, 1], [0]]
+    assert shape.ancestors[6].nonzero().squeeze(1).tolist() == [0, 1, 3, 6]
+
+
+def test_a_rank_tree_shape_holds_as_many_nodes_as_its_plan():
+    plan = RankTreePlan(SPECVLM_TREE)
+    shape = rank_tree_shape(plan.paths, CPU)
+    assert shape.size == plan.max_nodes + 1
+    assert shape.depth == plan.depth
+
+
+def test_greedy_acceptance_of_every_row_equals_each_rows_own():
+    trees = rows_of(TOKENS)
+    choice = torch.randint(0, VOCAB, (3, trees.size), generator=torch.Generator().manual_seed(0))
+    choice[0, :] = torch.tensor([1, 3, 0, 0, 0, 0, 0])
+    together = accept_greedy_rows(trees, choice)
+    for b in range(3):
+        alone = accept_greedy(trees.row(b), choice[b])
+        assert torch.equal(together.row(b).path, alone.path)
+        assert int(together.accepted[b]) == int(alone.accepted)
+        assert int(together.bonus[b]) == int(alone.bonus)
+    assert int(together.accepted[0]) == 2
+
+
+def test_a_row_near_its_budget_never_accepts_its_invalid_nodes():
+    trees = rows_of(TOKENS, valid_depths=[1, 3, 0])
+    choice = torch.tensor([[1, 3, 0, 0, 0, 0, 0]] * 3)
+    verdict = accept_greedy_rows(trees, choice)
+    assert verdict.accepted.tolist()[0] == 1
+    assert int(verdict.accepted[2]) == 0
+    assert int(verdict.bonus[0]) == 3
+
+
+def test_sampled_acceptance_of_every_row_draws_as_each_rows_own_tree_from_its_generator():
+    depths = [3, 1, 2]
+    trees = rows_of(TOKENS, valid_depths=depths)
+    probs = torch.rand(3, trees.size, VOCAB, generator=torch.Generator().manual_seed(1)).softmax(-1)
+    sizes = [int((trees.depths <= d).sum()) for d in depths]
+    for seed in range(20):
+        generators = [torch.Generator().manual_seed(seed * 10 + b) for b in range(3)]
+        together = accept_sampled_rows(trees, probs, generators, sizes)
+        for b in range(3):
+            tree = cut(trees.row(b), depths[b])
+            alone = accept_sampled(tree, probs[b, : tree.size], torch.Generator().manual_seed(seed * 10 + b))
+            assert int(together.accepted[b]) == int(alone.accepted)
+            assert int(together.bonus[b]) == int(alone.bonus)
+            assert together.path[b, : depths[b] + 1].tolist() == alone.path.tolist()
+
+
+def test_packed_rows_equal_each_rows_own_packing():
+    trees = rows_of(TOKENS)
+    choice = torch.tensor([[1, 3, 0, 0, 0, 0, 0], [2, 5, 1, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0]])
+    verdict = accept_greedy_rows(trees, choice)
+    tokens = emitted_rows(trees, verdict)
+    eos = torch.tensor([[3, -1], [4, 5], [9, -1]])
+    rooms = [5, 1, 4]
+    greedy = torch.tensor([3, 2, 1])
+    statistics = torch.tensor([[0.5], [0.25], [1.0]])
+    together = pack_rows(trees, verdict, tokens, eos, rooms, greedy, statistics, with_tree=True)
+    for b in range(3):
+        own = verdict.row(b)
+        alone_tokens = emitted_tokens(trees.row(b), own)
+        assert torch.equal(alone_tokens, tokens[b])
+        own_eos = eos[b][eos[b] >= 0]
+        alone = pack_step(trees.row(b), own, alone_tokens, own_eos, rooms[b], greedy[b], statistics[b], True)
+        assert together[b].tolist() == alone.values.tolist()
+
+
+def test_the_commit_of_every_row_equals_each_rows_own():
+    path = torch.tensor([[0, 1, 3, 6], [0, 2, 0, 0], [0, 0, 0, 0]])
+    tokens = torch.tensor([[4, 1, 3, 9], [2, 7, 0, 0], [8, 0, 0, 0]])
+    accepted, fed, cached = [3, 1, 0], [1, 2, 3], 2
+    together = plan_commit_rows(path, accepted, tokens, fed, cached, CPU)
+    for b in range(3):
+        alone = plan_commit(path[b], accepted[b], tokens[b], fed[b], cached, None, CPU)
+        assert together.draft[b, : together.draft_counts[b]].tolist() == alone.draft.tolist()
+        assert together.pending[b, : together.pending_counts[b]].tolist() == alone.pending.tolist()
+
+
+def test_keeping_rows_from_one_offsets_tensor_equals_keeping_each_rows_list():
+    def filled() -> RowCache:
+        cache = RowCache([CPU], slots=2)
+        for seed, length in enumerate((6, 4)):
+            source = SlabCache([CPU], length + 4)
+            keys = torch.randn(1, 2, length, 3, generator=torch.Generator().manual_seed(seed))
+            source.layers[0].update(keys, keys + 1)
+            source.settle()
+            cache.append(source, room=8)
+        return cache
+
+    lists, tensor = filled(), filled()
+    lists.keep([2, 1], [torch.tensor([0, 2, 3]), torch.tensor([1])])
+    tensor.keep_rows([2, 1], torch.tensor([[0, 2, 3], [1, 0, 0]]), [3, 1])
+    assert lists.lengths == tensor.lengths == [5, 2]
+    for b in range(2):
+        assert torch.equal(
+            lists.layer_slab(0)[0][b, :, : lists.lengths[b]], tensor.layer_slab(0)[0][b, :, : tensor.lengths[b]]
+        )
+
+
+def test_a_verdict_row_is_a_view_of_the_batchs():
+    verdict = Verdict(torch.zeros(2, 3, dtype=torch.long), torch.tensor([1, 2]), torch.tensor([5, 6]))
+    assert int(verdict.row(1).bonus) == 6
+    assert verdict.row(0).doubt is None
