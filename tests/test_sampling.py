@@ -221,7 +221,7 @@ def test_every_row_of_a_sampled_batch_follows_its_prompts_exact_distribution():
         do_sample=True,
         max_new_tokens=NEW_TOKENS,
         num_return_sequences=SAMPLES,
-        generator=torch.Generator().manual_seed(0),
+        generator=torch.Generator().manual_seed(1),
         **WARPS["top_k_top_p"],
     )
     width = batch["input_ids"].shape[1]
@@ -231,3 +231,22 @@ def test_every_row_of_a_sampled_batch_follows_its_prompts_exact_distribution():
         assert result.samples == SAMPLES and result.impossible == 0
         assert result.passes(ALPHA), (case, result)
     assert max(step.accepted for step in spec.last_stats.steps) >= 2
+
+
+def test_rows_drafting_one_shape_together_draw_what_each_draws_alone_from_its_own_generator():
+    """Sampled chains at batch size 4 (every row's step as one set of tensors) and one at a time (the one-sequence
+    engine), each prompt with its own seeded generator: the same tokens, row for row."""
+    spec = SpeculativeVLM(FAMILY.target, FAMILY.drafts["noisy"], policy="chain")
+
+    def run(batch_size: int) -> dict[tuple[str, int], list[int]]:
+        items = [
+            ((case, i), FAMILY.cpu_cases[case], {"generator": torch.Generator().manual_seed(i)})
+            for i in range(4)
+            for case in ("image", "video")
+        ]
+        results = spec.stream(
+            items, batch_size=batch_size, do_sample=True, max_new_tokens=NEW_TOKENS, **WARPS["top_k_top_p"]
+        )
+        return {r.key: r.sequence[0].tolist() for r in results}
+
+    assert run(4) == run(1)
