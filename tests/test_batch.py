@@ -61,6 +61,20 @@ def test_every_policy_decodes_a_padded_batch_exactly(policy, pruning):
     assert_rows_equal_their_own_generate(family, batch, out, cases)
 
 
+@pytest.mark.parametrize(
+    "processors",
+    [{"repetition_penalty": 1.5}, {"no_repeat_ngram_size": 2}, {"repetition_penalty": 1.2, "min_new_tokens": 8}],
+    ids=["repetition-penalty", "no-repeat-ngram", "penalty-and-min-new-tokens"],
+)
+def test_a_padded_batch_with_logits_processors_equals_each_rows_own_generate(family, processors):
+    """Processors that read each row's tokens: a repetition penalty serves all rows in one call (each row's tokens
+    padded with its own last one), others run row by row; either way every row is its own `generate`."""
+    batch = padded_batch(family)
+    spec = SpeculativeVLM(family.target, family.drafts["noisy"], processor=family.processor)
+    out = spec.generate(**batch, do_sample=False, max_new_tokens=NEW_TOKENS, **processors)
+    assert_rows_equal_their_own_generate(family, batch, out, ROWS, **processors)
+
+
 def test_a_batch_of_one_padded_row_decodes_as_the_row_alone(qwen):
     batch = padded_batch(qwen, ("long_prompt", "image"))
     row = {k: v[1:] if k in ("input_ids", "attention_mask", "mm_token_type_ids") else v for k, v in batch.items()}

@@ -233,9 +233,11 @@ def test_every_row_of_a_sampled_batch_follows_its_prompts_exact_distribution():
     assert max(step.accepted for step in spec.last_stats.steps) >= 2
 
 
-def test_rows_drafting_one_shape_together_draw_what_each_draws_alone_from_its_own_generator():
-    """Sampled chains at batch size 4 (every row's step as one set of tensors) and one at a time (the one-sequence
-    engine), each prompt with its own seeded generator: the same tokens, row for row."""
+@pytest.mark.parametrize("penalty", [None, 2.0])
+def test_rows_drafting_one_shape_together_draw_what_each_draws_alone_from_its_own_generator(penalty):
+    """Sampled chains at batch size 4 (every row's step as one set of tensors, the rows' processors in one call) and
+    one at a time (the one-sequence engine), each prompt with its own seeded generator, with and without a repetition
+    penalty (which reads each row's own tokens): the same tokens, row for row."""
     spec = SpeculativeVLM(FAMILY.target, FAMILY.drafts["noisy"], policy="chain")
 
     def run(batch_size: int) -> dict[tuple[str, int], list[int]]:
@@ -244,8 +246,9 @@ def test_rows_drafting_one_shape_together_draw_what_each_draws_alone_from_its_ow
             for i in range(4)
             for case in ("image", "video")
         ]
+        options = {} if penalty is None else {"repetition_penalty": penalty}
         results = spec.stream(
-            items, batch_size=batch_size, do_sample=True, max_new_tokens=NEW_TOKENS, **WARPS["top_k_top_p"]
+            items, batch_size=batch_size, do_sample=True, max_new_tokens=24, **WARPS["top_k_top_p"], **options
         )
         return {r.key: r.sequence[0].tolist() for r in results}
 

@@ -261,7 +261,7 @@ class SpeculativeVLM:
                 row,
                 _to_device(row, draft_device),
                 inputs["input_ids"][b : b + 1],
-                settings,
+                settings.for_row(b),
             )
             for b, row in enumerate(rows)
             for i in range(settings.num_sequences)

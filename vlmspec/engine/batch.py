@@ -25,7 +25,15 @@ from .draft import Drafted, Drafter
 from .loop import DecodeSettings, Prefilled, SpeculativeDecoder, TokenSink, observe_step
 from .report import RowStep, StepReport, accept_rows
 from .row_runner import RowForward, RowRunner
-from .rows_step import RowsDrafted, RowsVerdict, accept_all, draft_rows, uniform_processing
+from .rows_step import (
+    RowsDrafted,
+    RowSequences,
+    RowsVerdict,
+    accept_all,
+    common_processing,
+    draft_rows,
+    uniform_processing,
+)
 from .stats import PhaseTimer, SpecStats
 from .tree import DraftTree, rank_tree_shape
 
@@ -94,6 +102,7 @@ class BatchDecoder:
         self.stats = SpecStats()
         self._shared: tuple[dict[str, Any], Prefilled] | None = None
         self._pending: tuple[list[torch.Tensor], torch.Tensor, list[int]] | None = None
+        self._tokens = RowTokens()
         self._eos: tuple[list[torch.Tensor], torch.Tensor] | None = None
 
     def run(
@@ -304,6 +313,7 @@ class BatchDecoder:
         batch's step tensors."""
         self._shared = None
         self._pending = self._eos = None
+        self._tokens = RowTokens()
         self.single.target.cache = None
         self.single.draft.cache = None
 
@@ -315,6 +325,7 @@ class BatchDecoder:
         if _same_rank_tree(plans) and len({row.settings.sampler.do_sample for row in rows}) == 1:
             self._step_together(rows, plans[0], target, draft, timer, step_started)
             return
+        self._tokens.forget()
         draft_starts, target_starts = list(draft.lengths), list(target.lengths)
         with timer("drafting"):
             drafted, draft_forwards, draft_tokens = self._draft(rows, plans, draft)
@@ -364,12 +375,26 @@ class BatchDecoder:
         processings = [row.settings.draft_processing for row in rows]
         samplers = [row.settings.sampler for row in rows]
         # Without logits processors nothing reads the rows' sequences on the device until they finish.
-        reads_sequences = not uniform_processing(processings + [s.processing for s in samplers])
-        sequences = [row.sink.sequence if reads_sequences else None for row in rows]
-        draft_sequences = [
-            s if p is None else s.to(draft.device).clamp_max(self.vocab_limit - 1)
-            for s, p in zip(sequences, processings, strict=True)
-        ]
+        target_processings = [s.processing for s in samplers]
+        reads_sequences = not uniform_processing(processings + target_processings)
+        together = all(
+            uniform_processing(group) or common_processing(group) is not None
+            for group in (processings, target_processings)
+        )
+        draft_sequences: RowSequences
+        if not reads_sequences or not together:
+            self._tokens.forget()
+        if not reads_sequences:
+            sequences = draft_sequences = [None] * len(rows)
+        elif together:
+            sequences = self._tokens.sequences(rows, target.device)
+            draft_sequences = sequences.to(draft.device).clamp_max(self.vocab_limit - 1)
+        else:
+            sequences = [row.sink.sequence for row in rows]
+            draft_sequences = [
+                s if p is None else s.to(draft.device).clamp_max(self.vocab_limit - 1)
+                for s, p in zip(sequences, processings, strict=True)
+            ]
         with timer("drafting"):
             shape = rank_tree_shape(plan.paths, draft.device)
             max_depths = [row.settings.max_new_tokens - row.sink.new_tokens - 1 for row in rows]
@@ -421,7 +446,9 @@ class BatchDecoder:
             batch = shape if len(rows) > 1 else None
             observe_step(row.policy, plan, grown, grown.tree, report, row.stats, timer, step_started, contexts, batch)
             shape = replace(shape, first=False)
-            row.sink.take(accepted.tokens[b], report, on_device=reads_sequences)
+            row.sink.take(accepted.tokens[b], report, on_device=reads_sequences and not together)
+        if reads_sequences and together:
+            self._tokens.take(accepted.tokens, [report.count for report in accepted.reports])
 
     def _pending_rows(self, rows: list[_Row], device: torch.device) -> tuple[torch.Tensor, list[int]]:
         """Every row's tokens the draft has not seen, left-aligned in one `(B, P)` tensor, and how many each has: the
@@ -539,6 +566,43 @@ class BatchDecoder:
             row.pending = plans[-1].pending
         target.keep(target_starts, [plan.target for plan in plans])
         draft.keep(draft_starts, [plan.draft for plan in plans])
+
+
+class RowTokens:
+    """Every row's tokens so far in one `(B, capacity)` tensor on the device, for logits processors that serve all
+    rows in one call: made from the rows' sinks when the rows change, then each step's emitted tokens are written for
+    all rows at once (the sinks keep theirs on the host meanwhile)."""
+
+    def __init__(self):
+        self.forget()
+
+    def forget(self) -> None:
+        """Drop the tensor (the rows' sinks hold their tokens)."""
+        self._rows: list[Any] = []
+        self._buffer: torch.Tensor | None = None
+        self._lengths: list[int] = []
+
+    def sequences(self, rows: list[_Row], device: torch.device) -> torch.Tensor:
+        """`(B, T)`: each row's tokens, padded to the longest with its own last token."""
+        if self._buffer is None or not _same_objects(self._rows, rows):
+            own = [row.sink.sequence[0].to(device) for row in rows]
+            capacity = max(row.request.positions for row in rows) + 1
+            buffer = torch.nn.utils.rnn.pad_sequence(own, batch_first=True)
+            self._buffer = torch.nn.functional.pad(buffer, (0, capacity - buffer.shape[1]))
+            self._rows, self._lengths = list(rows), [s.shape[0] for s in own]
+        buffer, width = self._buffer, max(self._lengths)
+        lengths = torch.tensor(self._lengths, device=buffer.device)[:, None]
+        columns = torch.arange(width, device=buffer.device)[None]
+        last = buffer.gather(1, lengths - 1)
+        return torch.where(columns < lengths, buffer[:, :width], last)
+
+    def take(self, tokens: torch.Tensor, counts: list[int]) -> None:
+        """Append each row's first `counts[b]` of `tokens` (B, k), all rows in one write."""
+        buffer = self._buffer
+        starts = torch.tensor(self._lengths, device=buffer.device)[:, None]
+        columns = (starts + torch.arange(tokens.shape[1], device=buffer.device)).clamp_max(buffer.shape[1] - 1)
+        buffer.scatter_(1, columns, tokens.to(buffer.device))
+        self._lengths = [length + count for length, count in zip(self._lengths, counts, strict=True)]
 
 
 #: The most padding a batched prefill may carry, as a share of its prompts' own tokens (a padded token costs what a

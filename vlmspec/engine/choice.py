@@ -46,10 +46,16 @@ _SET_BASED = (RepetitionPenaltyLogitsProcessor,)
 
 
 class NodeProcessing:
-    """`generate`'s logits processors split into sequence processors (per node) and row-wise warpers (batched)."""
+    """`generate`'s logits processors split into sequence processors (per node) and row-wise warpers (batched).
 
-    def __init__(self, processors: LogitsProcessorList):
-        processors = LogitsProcessorList(_for_one_sequence(p) for p in processors)
+    `key` describes the processors' settings: sequences whose processings have equal keys can be processed by either.
+    """
+
+    def __init__(self, processors: LogitsProcessorList, row: int = 0):
+        self._source = processors
+        self._per_row = any(_per_row(p) for p in processors)
+        processors = LogitsProcessorList(_for_one_sequence(p, row) for p in processors)
+        self.key = tuple(_describe(p) for p in processors)
         split = len(processors)
         while split > 0 and isinstance(processors[split - 1], _ROW_WISE):
             split -= 1
@@ -69,21 +75,53 @@ class NodeProcessing:
         Row i belongs to a tree node whose ancestor row over the tree's `tokens` (root first) is `ancestors[i]`;
         `sequence` (1, T) ends with the root. Without a tree, every row follows `sequence` itself.
         """
-        if not self.sequence_processors:
-            return logits.float()
+        if not self.sequence_processors or self.batches_rows or tokens is None or tokens.shape[0] == 1:
+            rows_tokens = None if tokens is None or tokens.shape[0] == 1 else tokens[None]
+            return self.process_rows(logits[None], sequence, rows_tokens, ancestors)[0]
         scores = logits.to(dtype=torch.float32, copy=True)
-        m = scores.shape[0]
-        if tokens is None or tokens.shape[0] == 1:
-            return self.sequence_processors(sequence.expand(m, -1), scores)
         below_root = tokens[1:]
         path_rows = ancestors[:, 1 : tokens.shape[0]]
-        if self._batched:
-            padded = torch.where(path_rows, below_root[None], sequence[0, -1])
-            return self.sequence_processors(torch.cat([sequence.expand(m, -1), padded], dim=1), scores)
-        for i in range(m):
+        for i in range(scores.shape[0]):
             ids = torch.cat([sequence[0], below_root[path_rows[i]]])[None]
             scores[i : i + 1] = self.sequence_processors(ids, scores[i : i + 1])
         return scores
+
+    def for_row(self, row: int) -> NodeProcessing:
+        """The processing of row `row` of the padded batch the processors were made for (a repetition penalty that
+        skips each row's own padding skips that row's)."""
+        return NodeProcessing(self._source, row) if self._per_row else self
+
+    @property
+    def batches_rows(self) -> bool:
+        """Whether the sequence processors read the sequence only as a set of ids (or there are none): then many
+        sequences, each padded with its own last token, and many nodes go through one call."""
+        return self._batched
+
+    def process_rows(
+        self,
+        logits: torch.Tensor,
+        sequences: torch.Tensor,
+        tokens: torch.Tensor | None = None,
+        ancestors: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """`process` of B sequences' trees at once: `logits` (B, m, V), `sequences` (B, T) (each ending with its
+        root, padded to T with its own last token), `tokens` (B, N) each sequence's tree over the one structure
+        `ancestors` (m, N) of the m nodes; None for the roots alone. Needs `batches_rows` where sequences' lengths
+        differ or the nodes have a tree below them."""
+        if not self.sequence_processors:
+            return logits.float()
+        if tokens is not None and tokens.shape[1] > 1 and not self.batches_rows:
+            if logits.shape[0] != 1:
+                raise ValueError("processors that read more of a sequence than its ids take one sequence at a time")
+            return self.process(logits[0], sequences, tokens[0], ancestors)[None]
+        rows, m, width = logits.shape
+        scores = logits.to(dtype=torch.float32, copy=True).reshape(rows * m, width)
+        ids = sequences[:, None, :].expand(rows, m, -1)
+        if tokens is not None and tokens.shape[1] > 1:
+            path_rows = ancestors[:, 1 : tokens.shape[1]]
+            padded = torch.where(path_rows[None], tokens[:, None, 1:], sequences[:, -1, None, None])
+            ids = torch.cat([ids, padded], dim=2)
+        return self.sequence_processors(ids.reshape(rows * m, -1), scores).view(rows, m, width)
 
     def distribution(
         self, scores: torch.Tensor, sequence: torch.Tensor, compact: bool = True
@@ -100,7 +138,17 @@ class NodeProcessing:
         """
         width = scores.shape[1]
         scores, columns, doubt = self._warp(scores, sequence, compact, judge=True)
-        return _spread(scores.softmax(-1), columns, width), doubt
+        return _spread(scores.softmax(-1), columns, width), doubt.any()
+
+    def distribution_rows(
+        self, scores: torch.Tensor, sequences: torch.Tensor, compact: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`distribution` of B sequences' nodes at once: `scores` (B, m, V), each sequence's doubt (B,). The warpers
+        act on each node alone and read no ids, so one call serves every sequence."""
+        rows, m, width = scores.shape
+        warped, columns, doubt = self._warp(scores.reshape(rows * m, width), sequences[:1], compact, judge=True)
+        probs = _spread(warped.softmax(-1), columns, width)
+        return probs.view(rows, m, width), doubt.view(rows, m).any(1)
 
     def log_probs(self, scores: torch.Tensor, sequence: torch.Tensor) -> torch.Tensor:
         """Log-probabilities (m, V) of processed `scores` under the warpers: -inf where they cut a token.
@@ -119,11 +167,11 @@ class NodeProcessing:
         self, scores: torch.Tensor, sequence: torch.Tensor, compact: bool, judge: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """Every warper in order over `scores` (m, V); with `compact`, those after a top-k on its k columns (then
-        returned with the scores) and whether the top-k kept more than k tokens; with `judge`, also whether ties could
-        make a later warper's cut differ from the full rows'."""
+        returned with the scores) and whether each row's top-k kept more than k tokens (m,); with `judge`, also
+        whether ties could make a later warper's cut differ from the full row's."""
         width = scores.shape[1]
         columns = None
-        doubt = torch.zeros((), dtype=torch.bool, device=scores.device)
+        doubt = torch.zeros(scores.shape[0], dtype=torch.bool, device=scores.device)
         for warper in self.warpers:
             before = scores
             scores = warper(sequence.expand(scores.shape[0], -1), scores)
@@ -136,34 +184,50 @@ class NodeProcessing:
         return scores, columns, doubt
 
 
+def _describe(processor: LogitsProcessor) -> tuple:
+    """What a processor does, as a comparable value: its class and settings (tensors by their values, other objects
+    by identity), so two sequences' processings that compare equal process any logits alike."""
+
+    def value(v: object) -> object:
+        if isinstance(v, torch.Tensor):
+            return ("tensor", tuple(v.reshape(-1).tolist()))
+        if v is None or isinstance(v, (bool, int, float, str)):
+            return v
+        if isinstance(v, (list, tuple)):
+            return tuple(value(item) for item in v)
+        return ("object", id(v))
+
+    return (type(processor), tuple(sorted((k, value(v)) for k, v in vars(processor).items())))
+
+
 def _compacts(warper: LogitsProcessor, width: int) -> bool:
     """Whether later warpers are worth running on `warper`'s kept columns only: a top-k of at most a quarter."""
     return isinstance(warper, TopKLogitsWarper) and 4 * warper.top_k <= width
 
 
 def _top_columns(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The `k` best columns of each row in vocabulary order, their scores, and whether the (k+1)-th score ties the
-    k-th (the top-k kept more than k tokens)."""
+    """The `k` best columns of each row in vocabulary order, their scores, and whether each row's (k+1)-th score ties
+    its k-th (the top-k kept more than k tokens)."""
     top = scores.topk(k + 1, dim=-1)
     overflow = (top.values[:, k] == top.values[:, k - 1]) & torch.isfinite(top.values[:, k])
     columns = top.indices[:, :k].sort(dim=-1).values
-    return scores.gather(1, columns), columns, overflow.any()
+    return scores.gather(1, columns), columns, overflow
 
 
 def _tie_across_cut(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
-    """Whether a warper that keeps the best-scoring tokens (top-p) cut between two equal scores of `before`: then
-    which of them it kept depends on how a sort ordered them."""
+    """Whether a warper that keeps the best-scoring tokens (top-p) cut between two equal scores of each row of
+    `before` (m,): then which of them it kept depends on how a sort ordered them."""
     kept = torch.isfinite(after)
     removed = torch.isfinite(before) & ~kept
     lowest_kept = before.masked_fill(~kept, torch.inf).amin(dim=-1)
     highest_removed = before.masked_fill(~removed, -torch.inf).amax(dim=-1)
-    return (lowest_kept == highest_removed).any()
+    return lowest_kept == highest_removed
 
 
 def _ties(scores: torch.Tensor) -> torch.Tensor:
-    """Whether two finite scores of a row are equal."""
+    """Whether two finite scores of each row are equal (m,)."""
     ordered = scores.sort(dim=-1).values
-    return ((ordered[:, 1:] == ordered[:, :-1]) & torch.isfinite(ordered[:, 1:])).any()
+    return ((ordered[:, 1:] == ordered[:, :-1]) & torch.isfinite(ordered[:, 1:])).any(-1)
 
 
 def _spread(values: torch.Tensor, columns: torch.Tensor | None, width: int) -> torch.Tensor:
@@ -173,11 +237,20 @@ def _spread(values: torch.Tensor, columns: torch.Tensor | None, width: int) -> t
     return values.new_zeros(values.shape[0], width).scatter_(1, columns, values)
 
 
-def _for_one_sequence(processor: LogitsProcessor) -> LogitsProcessor:
-    """`processor` made row-count agnostic: generate sizes a repetition penalty's ignored prompt to its batch."""
+def _per_row(processor: LogitsProcessor) -> bool:
+    """Whether `processor` holds a value per row of its batch: `generate` gives a repetition penalty each row's
+    padding to skip."""
     ignore = getattr(processor, "prompt_ignore_length", None)
-    if isinstance(processor, RepetitionPenaltyLogitsProcessor) and isinstance(ignore, torch.Tensor):
-        return RepetitionPenaltyLogitsProcessor(processor.penalty, prompt_ignore_length=int(ignore.reshape(-1)[0]))
+    return isinstance(processor, RepetitionPenaltyLogitsProcessor) and isinstance(ignore, torch.Tensor)
+
+
+def _for_one_sequence(processor: LogitsProcessor, row: int = 0) -> LogitsProcessor:
+    """`processor` made row-count agnostic, for row `row` of its batch: a repetition penalty skips that row's own
+    padding (`generate` sizes its ignored prompt to the batch)."""
+    if _per_row(processor):
+        ignore = processor.prompt_ignore_length.reshape(-1)
+        skip = int(ignore[row if ignore.shape[0] > row else 0])
+        return RepetitionPenaltyLogitsProcessor(processor.penalty, prompt_ignore_length=skip)
     return processor
 
 
@@ -192,6 +265,11 @@ class TargetSampler:
         self.processing = processing
         self.do_sample = do_sample
         self.generator = generator
+
+    def for_row(self, row: int) -> TargetSampler:
+        """The sampler of row `row` of the padded batch its processors were made for."""
+        processing = self.processing.for_row(row)
+        return self if processing is self.processing else TargetSampler(processing, self.do_sample, self.generator)
 
     def first(self, logits: torch.Tensor, sequence: torch.Tensor) -> torch.Tensor:
         """The token after `sequence` (1, T) given its logits (V,) (once per call: its doubt is read at once)."""

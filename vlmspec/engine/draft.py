@@ -47,23 +47,40 @@ def proposal_log_probs(
     tokens: torch.Tensor | None = None,
     ancestors: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probabilities of the real tokens (below `vocab_limit`) under the generation config's processing, and their
-    ranking key, for draft `logits` (..., V).
+    """`proposal_log_probs_rows` of one sequence's nodes: draft `logits` (m, V) or the root's (V,), `sequence` (1, T),
+    the tree's `tokens` (N,)."""
+    rows_tokens = None if tokens is None else tokens[None]
+    flat = logits.reshape(1, -1, logits.shape[-1])
+    log_probs, order = proposal_log_probs_rows(flat, processing, vocab_limit, sequence, rows_tokens, ancestors)
+    return log_probs.reshape(*logits.shape[:-1], -1), order.reshape(*logits.shape[:-1], -1)
 
-    `ancestors` are the ancestor rows over the tree's `tokens` of the nodes `logits` belong to (None: the root).
-    Tokens the warpers cut (top-k, top-p, ...) get -inf but keep their processed order behind the survivors, so a
-    plan that asks for more children than survive still gets the draft's next best guesses.
+
+def proposal_log_probs_rows(
+    logits: torch.Tensor,
+    processing: NodeProcessing | None,
+    vocab_limit: int,
+    sequences: torch.Tensor,
+    tokens: torch.Tensor | None = None,
+    ancestors: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probabilities (B, m, V') of the real tokens (below `vocab_limit`) under the generation config's processing,
+    and their ranking key, for draft `logits` (B, m, V) of B sequences (`sequences` (B, T), see
+    `NodeProcessing.process_rows`).
+
+    `ancestors` (m, N) are the nodes' ancestor rows over the trees' `tokens` (B, N) (None: the roots). Tokens the
+    warpers cut (top-k, top-p, ...) get -inf but keep their processed order behind the survivors, so a plan that asks
+    for more children than survive still gets the draft's next best guesses.
     """
     if logits.shape[-1] > vocab_limit:
         logits = logits[..., :vocab_limit]
     if processing is None:
         log_probs = torch.log_softmax(logits.float(), dim=-1)
         return log_probs, log_probs
-    scores = processing.process(logits.reshape(-1, logits.shape[-1]), sequence, tokens, ancestors)
-    ranked = torch.log_softmax(scores, dim=-1).reshape(logits.shape)
+    scores = processing.process_rows(logits, sequences, tokens, ancestors)
+    ranked = torch.log_softmax(scores, dim=-1)
     if not processing.warpers:
         return ranked, ranked
-    log_probs = processing.log_probs(scores, sequence).reshape(logits.shape)
+    log_probs = processing.log_probs(scores.flatten(0, 1), sequences[:1]).view_as(scores)
     cut = ranked.clamp_min(-_RANK_FLOOR) - 2 * _RANK_FLOOR
     return log_probs, torch.where(log_probs > -torch.inf, log_probs.clamp_min(-_RANK_FLOOR), cut)
 

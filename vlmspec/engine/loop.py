@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -38,6 +38,15 @@ class DecodeSettings:
     draft_processing: NodeProcessing | None = None
     num_sequences: int = 1
     pad_token_id: int | None = None
+
+    def for_row(self, row: int) -> DecodeSettings:
+        """The settings of row `row` of the padded batch they were resolved for (processors that hold a value per
+        row take that row's)."""
+        sampler = self.sampler.for_row(row)
+        if sampler is self.sampler:
+            return self
+        processing = None if self.draft_processing is None else self.draft_processing.for_row(row)
+        return replace(self, sampler=sampler, draft_processing=processing)
 
 
 class TokenSink:

@@ -17,7 +17,7 @@ import torch
 
 from .accept import Verdict, accept_greedy_rows, accept_sampled_rows
 from .choice import NodeProcessing, TargetSampler
-from .draft import Drafted, proposal_log_probs
+from .draft import Drafted, proposal_log_probs, proposal_log_probs_rows
 from .report import (
     PackedStep,
     StepReport,
@@ -63,9 +63,25 @@ class RowsDrafted:
         )
 
 
+#: Each row's tokens so far: one `(B, T)` tensor (each row padded with its own last token) when the rows share a
+#: processing, else a list of each row's `(1, T_b)` (None where nothing reads it).
+RowSequences = torch.Tensor | Sequence[torch.Tensor | None]
+
+
 def uniform_processing(processings: Sequence[NodeProcessing | None]) -> bool:
     """Whether no row processes its logits (so every row's log-probabilities come from one batched operation)."""
     return all(p is None or not (p.sequence_processors or p.warpers) for p in processings)
+
+
+def common_processing(processings: Sequence[NodeProcessing | None]) -> NodeProcessing | None:
+    """The processing every row's equals, when one call can serve all rows (its sequence processors read a sequence
+    as a set of ids); None when rows differ or none can."""
+    first = processings[0]
+    if first is None or not first.batches_rows:
+        return None
+    if all(p is first or (p is not None and p.key == first.key) for p in processings):
+        return first
+    return None
 
 
 def draft_rows(
@@ -78,7 +94,7 @@ def draft_rows(
     vocab_limit: int,
     input_limit: int,
     processings: Sequence[NodeProcessing | None],
-    sequences: Sequence[torch.Tensor | None],
+    sequences: RowSequences,
 ) -> RowsDrafted:
     """Grow every row's tree of `shape` with one draft forward per level over all rows.
 
@@ -137,16 +153,18 @@ def _log_probs(
     logits: torch.Tensor,
     plain: bool,
     processings: Sequence[NodeProcessing | None],
-    sequences: Sequence[torch.Tensor | None],
+    sequences: RowSequences,
     vocab_limit: int,
     tokens: torch.Tensor | None = None,
     ancestors: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Every row's proposal log-probabilities and ranking key (B, m, V) from the draft's `logits` (B, m, V): at once
-    when no row processes its logits, else row by row (each node's processors see its own sequence)."""
+    when no row processes its logits or all share one processing (`sequences` a tensor), else row by row."""
     if plain:
         log_probs = torch.log_softmax(logits[..., :vocab_limit].float(), dim=-1)
         return log_probs, log_probs
+    if isinstance(sequences, torch.Tensor):
+        return proposal_log_probs_rows(logits, processings[0], vocab_limit, sequences, tokens, ancestors)
     parts = [
         proposal_log_probs(
             logits[b], processing, vocab_limit, sequences[b], None if tokens is None else tokens[b], ancestors
@@ -171,7 +189,7 @@ def accept_all(
     trees: TreeRows,
     logits: torch.Tensor,
     samplers: Sequence[TargetSampler],
-    sequences: Sequence[torch.Tensor | None],
+    sequences: RowSequences,
     eos_token_ids: torch.Tensor,
     rooms: list[int],
     statistics: torch.Tensor | None,
@@ -182,24 +200,24 @@ def accept_all(
     full rows (a second read, only then). `trees` are `drafted.trees` where the target's logits are."""
     sampling = samplers[0].do_sample
     processings = [s.processing for s in samplers]
-    if not sampling and uniform_processing(processings):
-        verdict = accept_greedy_rows(trees, logits.argmax(-1))
-    elif not sampling:
-        choices = [
-            s.processing.process(logits[b], sequences[b], trees.tokens[b], trees.ancestors)
-            for b, s in enumerate(samplers)
-        ]
-        verdict = accept_greedy_rows(trees, torch.stack([c.argmax(-1) for c in choices]))
+    plain = uniform_processing(processings)
+    if plain:
+        scores = logits.float()
+    elif isinstance(sequences, torch.Tensor):
+        scores = processings[0].process_rows(logits, sequences, trees.tokens, trees.ancestors)
     else:
-        if uniform_processing(processings):
-            probs, doubt = logits.float().softmax(-1), None
+        scores = torch.stack(
+            [p.process(logits[b], sequences[b], trees.tokens[b], trees.ancestors) for b, p in enumerate(processings)]
+        )
+    if not sampling:
+        verdict = accept_greedy_rows(trees, scores.argmax(-1))
+    else:
+        if plain:
+            probs, doubt = scores.softmax(-1), None
+        elif isinstance(sequences, torch.Tensor):
+            probs, doubt = processings[0].distribution_rows(scores, sequences)
         else:
-            distributions = [
-                s.processing.distribution(
-                    s.processing.process(logits[b], sequences[b], trees.tokens[b], trees.ancestors), sequences[b]
-                )
-                for b, s in enumerate(samplers)
-            ]
+            distributions = [p.distribution(scores[b], sequences[b]) for b, p in enumerate(processings)]
             probs = torch.stack([d[0] for d in distributions])
             doubt = torch.stack([d[1] for d in distributions])
         generators = [s.generator for s in samplers]
@@ -219,7 +237,7 @@ def accept_all(
                 b,
                 logits[b],
                 samplers[b],
-                sequences[b],
+                sequences[b : b + 1] if isinstance(sequences, torch.Tensor) else sequences[b],
                 eos_token_ids[b],
                 rooms[b],
                 statistics,
