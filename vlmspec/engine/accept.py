@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .counting import arange
 from .tree import DraftTree, TreeRows
 
 
@@ -118,7 +119,7 @@ def deepest_rows(trees: TreeRows, accepted: torch.Tensor) -> tuple[torch.Tensor,
     valid = ~(trees.ancestors[None] & ~accepted[:, None, :]).any(dim=2)
     best = (trees.depths[None] * valid).argmax(dim=1)
     on_path = trees.ancestors.index_select(0, best)
-    depths = torch.arange(trees.depth + 1, device=trees.depths.device)
+    depths = arange(trees.depth + 1, trees.depths.device)
     at_depth = trees.depths[None, :] == depths[:, None]
     path = (at_depth[None] & on_path[:, None, :]).to(torch.uint8).argmax(dim=2)
     return path, trees.depths.index_select(0, best), best

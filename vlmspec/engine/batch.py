@@ -413,7 +413,9 @@ class BatchDecoder:
         trees = drafted.trees.to(target.device)
         with timer("verification"):
             start = target.positions(torch.tensor(target_starts, device=target.device))
-            logits = target.forward_rows(trees.tokens, trees.depths, start, trees.ancestors)
+            nodes = slice(0, trees.size)
+            visible = rank_tree_shape(plan.paths, target.device).block(nodes, nodes)
+            logits = target.forward_rows(trees.tokens, trees.depths, start, visible)
         with timer("acceptance"):
             policy = rows[0].policy
             accepted = accept_all(

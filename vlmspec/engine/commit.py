@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .counting import arange
+
 
 @dataclass
 class CommitPlan:
@@ -70,12 +72,12 @@ def plan_commit_rows(
     in_draft = [min(a, cached_depth) for a in accepted]
     path, tokens = path.to(draft_device), tokens.to(draft_device)
     fed_column = torch.tensor(fed, device=draft_device)[:, None]
-    slots = torch.arange(max(fed) + cached_depth, device=draft_device)[None]
+    slots = arange(max(fed) + cached_depth, draft_device)[None]
     from_path = path.gather(1, (slots - fed_column + 1).clamp(0, path.shape[1] - 1)) + fed_column - 1
     draft = torch.where(slots < fed_column, slots, from_path)
     pending_counts = [a - d + 1 for a, d in zip(accepted, in_draft, strict=True)]
     first = torch.tensor(in_draft, device=draft_device)[:, None]
-    columns = (first + torch.arange(max(pending_counts), device=draft_device)).clamp_max(tokens.shape[1] - 1)
+    columns = (first + arange(max(pending_counts), draft_device)).clamp_max(tokens.shape[1] - 1)
     return RowsCommit(
         draft, [f + d for f, d in zip(fed, in_draft, strict=True)], tokens.gather(1, columns), pending_counts
     )

@@ -15,6 +15,7 @@ import torch
 
 from .accept import Verdict
 from .choice import TargetSampler
+from .counting import arange
 from .tree import DraftTree, TreeRows
 
 
@@ -161,7 +162,7 @@ def pack_rows(
     device = tokens.device
     rows = tokens.shape[0]
     offered = verdict.accepted + 1
-    positions = torch.arange(tokens.shape[1], device=device)
+    positions = arange(tokens.shape[1], device)
     is_eos = (tokens[:, :, None] == eos_token_ids[:, None, :]).any(-1) & (positions[None] < offered[:, None])
     hit = is_eos.any(1)
     count = torch.where(hit, is_eos.to(torch.uint8).argmax(1) + 1, offered)

@@ -12,6 +12,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from .cache import SlabCache
+from .counting import arange
 
 
 class _RowLayer(CacheLayerMixin):
@@ -95,7 +96,7 @@ class RowCache(Cache):
         self.reserve(end)
         device = next(iter(self._slabs.values())).device
         lengths = self.starts = torch.tensor(self.lengths, device=device)
-        self._write = lengths[:, None] + torch.arange(q, device=device)
+        self._write = lengths[:, None] + arange(q, device)
         self._writes = {device: self._write}
         self.span = end
 
@@ -169,8 +170,8 @@ class RowCache(Cache):
             device = offsets.device
             begin = torch.tensor(starts, device=device)[:, None]
             source = begin + offsets
-            target = begin + torch.arange(offsets.shape[1], device=device)
-            rows = torch.arange(self.rows, device=device)[:, None]
+            target = begin + arange(offsets.shape[1], device)
+            rows = arange(self.rows, device)[:, None]
             for slab in self._slabs.values():
                 view = (
                     slab[:, : self.rows].transpose(2, 3).transpose(0, 2)

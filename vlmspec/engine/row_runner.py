@@ -9,6 +9,7 @@ import torch
 from ..adapters import ModelAdapter
 from ..attention import tree_attention
 from .cache import TREE_ROOM, SlabCache
+from .counting import arange
 from .row_cache import RowCache
 from .runner import ModelRunner
 
@@ -110,16 +111,12 @@ class RowRunner:
         cache, device = self.cache, self.device
         rows, q = tokens.shape
         cache.prepare(q)
-        relative = torch.arange(cache.span, device=device)[None, :] - cache.starts[:, None]
+        relative = arange(cache.span, device)[None, :] - cache.starts[:, None]
         if visible is None:
-            seen = relative[:, None, :] <= torch.arange(q, device=device)[None, :, None]
+            seen = relative[:, None, :] <= arange(q, device)[None, :, None]
         else:
-            width = visible.shape[1]
-            # Column `width` is "after the block" (unseen), the last column "before it" (seen): a clamped index says
-            # which of the three a key is.
-            edges = visible.new_tensor([False, True]).expand(q, 2)
-            block = torch.cat([visible, edges], dim=1)
-            seen = block[:, (relative - (q - width)).clamp(-1, width)].transpose(0, 1)
+            width = visible.shape[1] - 2
+            seen = visible[:, (relative - (q - width)).clamp(-1, width)].transpose(0, 1)
         return self._run(tokens, start[:, None] + depths, seen, [q] * rows if counts is None else counts)
 
     def positions(self, index: torch.Tensor) -> torch.Tensor:

@@ -17,6 +17,7 @@ import torch
 
 from .accept import Verdict, accept_greedy_rows, accept_sampled_rows
 from .choice import NodeProcessing, TargetSampler
+from .counting import arange
 from .draft import Drafted, proposal_log_probs, proposal_log_probs_rows
 from .report import (
     PackedStep,
@@ -110,7 +111,7 @@ def draft_rows(
     last = torch.tensor([c - 1 for c in counts], device=device)
     start = draft.positions(torch.tensor(draft.lengths, device=device))
     fed = pending.clamp_max(input_limit - 1)
-    logits = draft.forward_rows(fed, torch.arange(fed.shape[1], device=device), start, None, counts)
+    logits = draft.forward_rows(fed, arange(fed.shape[1], device), start, None, counts)
     root_logits = logits.gather(1, last[:, None, None].expand(rows, 1, logits.shape[2]))[:, 0]
     plain = uniform_processing(processings)
     tokens = torch.empty(rows, n, dtype=torch.long, device=device)
@@ -129,7 +130,7 @@ def draft_rows(
         log_probs[:, new] = log_probs[:, frontier][:, parent_rows] + top_log_probs[:, parent_rows, ranks]
         if level == depth:
             break
-        visible = shape.ancestors[new, 1 : new.stop]
+        visible = shape.block(new, slice(1, new.stop))
         logits = draft.forward_rows(tokens[:, new], shape.depths[new], root_position, visible)
         forwards, fed_tokens = forwards + 1, fed_tokens + rows * (new.stop - new.start)
         ancestors = shape.ancestors[new, : new.stop]

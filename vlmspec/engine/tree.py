@@ -7,7 +7,7 @@ level by level, so a node's index is larger than its parent's and every root-to-
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -21,6 +21,13 @@ def additive_mask(visible: torch.Tensor, dtype: torch.dtype, prefix_len: int = 0
     bias = torch.zeros((1, 1, q, prefix_len + k), dtype=dtype, device=visible.device)
     bias[0, 0, :, prefix_len:].masked_fill_(visible.logical_not(), torch.finfo(dtype).min)
     return bias
+
+
+def with_edges(visible: torch.Tensor) -> torch.Tensor:
+    """A (q, w) visibility block as `RowRunner.forward_rows` takes it, (q, w + 2): column w stands for the keys after
+    the block (unseen), the last column for those before it (seen), so one clamped index says what each key is."""
+    edges = visible.new_tensor([False, True]).expand(visible.shape[0], 2)
+    return torch.cat([visible, edges], dim=1)
 
 
 @dataclass
@@ -116,6 +123,7 @@ class TreeShape:
     ranks: torch.Tensor
     level_ends: list[int]
     children: list[tuple[torch.Tensor, torch.Tensor]]
+    blocks: dict[tuple[int | None, ...], torch.Tensor] = field(default_factory=dict)
 
     @property
     def size(self) -> int:
@@ -129,10 +137,13 @@ class TreeShape:
         """The nodes of `level` (0 is the root)."""
         return slice(self.level_ends[level - 1] if level else 0, self.level_ends[level])
 
-    def ancestor_mask(self, levels: int) -> torch.Tensor:
-        """`ancestors` of the tree cut to its first `levels` levels."""
-        end = self.level_ends[levels]
-        return self.ancestors[:end, :end]
+    def block(self, rows: slice, columns: slice) -> torch.Tensor:
+        """`with_edges(ancestors[rows, columns])`, as batched forwards take it, made once per tree."""
+        key = (rows.start, rows.stop, columns.start, columns.stop)
+        block = self.blocks.get(key)
+        if block is None:
+            block = self.blocks[key] = with_edges(self.ancestors[rows, columns])
+        return block
 
 
 _SHAPES: dict[tuple[tuple[tuple[int, ...], ...], torch.device], TreeShape] = {}
