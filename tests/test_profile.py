@@ -77,3 +77,18 @@ def test_a_batched_step_reads_the_device_once_for_all_its_rows(cases):
     assert profile.method == "static-tree, B=4"
     assert profile.per("step")["own reads"] == pytest.approx(1.0)
     assert profile.tokens > 4 * profile.steps
+
+
+@pytest.mark.parametrize("policy", ["chain", "static-tree"])
+@pytest.mark.parametrize("config", ["greedy", "qwen2.5-vl released"])
+def test_a_batched_step_of_one_tree_shape_costs_the_same_launches_at_every_batch_size(cases, policy, config):
+    """Rows drafting one tree of rank paths step as one set of tensors: their own launches per step do not grow with
+    the rows (the rows' sequences are written back once each, when they finish)."""
+    target = tiny_qwen2_5_vl(0)
+    target.generation_config.eos_token_id = None
+    spec = SpeculativeVLM(target, noisy_copy(target, 0.05))
+    profile_policy(spec, policy, cases["image"], 24, config, batch_size=2)
+    two, eight = (profile_policy(spec, policy, cases["image"], 24, config, batch_size=b) for b in (2, 8))
+    assert two.steps == eight.steps
+    assert eight.per("step")["own launches"] <= two.per("step")["own launches"] + 6 / two.steps
+    assert eight.per("step")["own reads"] == pytest.approx(1.0)

@@ -255,8 +255,9 @@ def _profile(args: argparse.Namespace) -> None:
     if unknown:
         _fail(f"vlmspec profile: unknown policies {sorted(unknown)}; choose from {', '.join(POLICIES)}", 2)
     inputs = suite_inputs(spec.processor, args.suite, 1)[0]
-    profiles = run_profile(spec, inputs, args.max_new_tokens, policies, tuple(CONFIGS), args.batch_size)
-    batch = f", {args.batch_size} copies of the prompt at once" if args.batch_size > 1 else ""
+    sizes = args.batch_size
+    profiles = [p for b in sizes for p in run_profile(spec, inputs, args.max_new_tokens, policies, tuple(CONFIGS), b)]
+    batch = f", B copies of the prompt at once (B = {', '.join(map(str, sizes))})" if sizes != [1] else ""
     title = f"vlmspec profile, {args.suite} suite{batch}, {args.max_new_tokens} new tokens, on {spec.target.device}"
     table = markdown_table(profiles)
     print(f"{title}:\n{table}")
@@ -483,7 +484,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     profile.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     profile.add_argument(
-        "--batch-size", type=_number(int, 1), default=1, help="copies of the prompt decoded together (default 1)"
+        "--batch-size",
+        type=_batch_sizes,
+        default=[1],
+        help="copies of the prompt decoded together, comma-separated for several (default 1)",
     )
     profile.add_argument("--out", help="also write the table as results.md and the counts as results.json here")
     profile.set_defaults(run=_profile)
