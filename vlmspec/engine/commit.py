@@ -71,10 +71,11 @@ def plan_commit_rows(
     their accepted counts and `fed` their pending counts (host). A fixed number of operations, whatever the rows."""
     in_draft = [min(a, cached_depth) for a in accepted]
     path, tokens = path.to(draft_device), tokens.to(draft_device)
-    fed_column = torch.tensor(fed, device=draft_device)[:, None]
+    # Slot j of row b holds pending token j below fed[b], then the node at depth j - fed[b] + 1 of its path.
+    shift = torch.tensor([f - 1 for f in fed], device=draft_device)[:, None]
     slots = arange(max(fed) + cached_depth, draft_device)[None]
-    from_path = path.gather(1, (slots - fed_column + 1).clamp(0, path.shape[1] - 1)) + fed_column - 1
-    draft = torch.where(slots < fed_column, slots, from_path)
+    from_path = path.gather(1, (slots - shift).clamp(0, path.shape[1] - 1)) + shift
+    draft = torch.where(slots <= shift, slots, from_path)
     pending_counts = [a - d + 1 for a, d in zip(accepted, in_draft, strict=True)]
     first = torch.tensor(in_draft, device=draft_device)[:, None]
     columns = (first + arange(max(pending_counts), draft_device)).clamp_max(tokens.shape[1] - 1)

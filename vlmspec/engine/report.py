@@ -168,14 +168,16 @@ def pack_rows(
     count = torch.where(hit, is_eos.to(torch.uint8).argmax(1) + 1, offered)
     room = rooms[0] if rows == 1 else torch.tensor(rooms, device=device)
     finished = hit | (count >= room)
-    doubt = torch.zeros_like(hit) if verdict.doubt is None else verdict.doubt
-    head = [verdict.accepted, count.clamp_max(room), finished, doubt, greedy_depth.to(device)]
-    parts = [torch.stack([h.to(torch.float64) for h in head], dim=1), tokens, verdict.path]
-    if statistics is not None:
-        parts.append(statistics.to(device))
+    flags = finished.long()[:, None] if verdict.doubt is None else torch.stack([finished, verdict.doubt], 1).long()
+    head = [verdict.accepted[:, None], count.clamp_max(room)[:, None], flags]
+    if verdict.doubt is None:
+        head.append(torch.zeros_like(flags))
+    head.append(greedy_depth.to(device).long()[:, None])
+    whole = torch.cat(head + [tokens, verdict.path], dim=1).to(torch.float64)
+    parts = [] if statistics is None else [statistics.to(device)]
     if with_tree:
         parts += [trees.parents[None].expand(rows, -1), trees.log_probs]
-    return torch.cat([p.to(torch.float64) for p in parts], dim=1)
+    return torch.cat([whole] + [p.to(torch.float64) for p in parts], dim=1) if parts else whole
 
 
 def unpack_step(values: list[float], packed: PackedStep) -> StepReport:

@@ -177,5 +177,5 @@ class RowCache(Cache):
                     slab[:, : self.rows].transpose(2, 3).transpose(0, 2)
                 )  # (capacity, B, 2L, H, D) over the same storage
                 r, s, t = rows.to(slab.device), source.to(slab.device), target.to(slab.device)
-                view[t, r] = view[s, r].clone()
+                view[t, r] = view[s, r]  # advanced indexing copies: the sources are read before any is written
         self.lengths = [start + count for start, count in zip(starts, counts, strict=True)]

@@ -127,7 +127,10 @@ def draft_rows(
         top = child_order.topk(top_k, dim=-1).indices
         top_log_probs = child_log_probs.gather(-1, top)
         tokens[:, new] = top[:, parent_rows, ranks]
-        log_probs[:, new] = log_probs[:, frontier][:, parent_rows] + top_log_probs[:, parent_rows, ranks]
+        if level == 1:  # the root's path log-probability is 0
+            log_probs[:, new] = top_log_probs[:, parent_rows, ranks]
+        else:
+            log_probs[:, new] = log_probs[:, frontier][:, parent_rows] + top_log_probs[:, parent_rows, ranks]
         if level == depth:
             break
         visible = shape.block(new, slice(1, new.stop))
@@ -143,9 +146,10 @@ def draft_rows(
     if min(row_depths) < depth:
         valid = shape.depths[None, :n] <= torch.tensor(row_depths, device=device)[:, None]
     trees = TreeRows(tokens, log_probs, shape.parents[:n], shape.depths[:n], shape.ancestors[:n, :n], depth, valid)
-    on_greedy_path = ~(trees.ancestors & (shape.ranks[:n] != 0)[None, :]).any(dim=1)
-    greedy = (trees.depths * on_greedy_path)[None].expand(rows, n)
-    greedy_depth = (greedy if valid is None else greedy * valid).amax(dim=1)
+    if valid is None:
+        greedy_depth = shape.greedy_depth(n).expand(rows)
+    else:
+        greedy_depth = (shape.greedy_path[None, :n] * valid).amax(dim=1)
     sizes = [shape.level_ends[d] for d in row_depths]
     return RowsDrafted(trees, root_log_probs[:, 0], cached_depth, greedy_depth, sizes, row_depths, forwards, fed_tokens)
 

@@ -115,7 +115,8 @@ class TreeRows:
 class TreeShape:
     """The structure a fixed tree of rank paths gives every row's tree: node i's parent, depth, ancestors and draft
     rank, and per level the new nodes as (frontier row, rank) pairs over the level above. Nodes are in the order
-    `TreeBuilder` grows them: level by level, each level by parent, then rank."""
+    `TreeBuilder` grows them: level by level, each level by parent, then rank. `blocks` keeps what steps derive from
+    the structure alone (visibility blocks, greedy depths), made once."""
 
     parents: torch.Tensor
     depths: torch.Tensor
@@ -123,7 +124,7 @@ class TreeShape:
     ranks: torch.Tensor
     level_ends: list[int]
     children: list[tuple[torch.Tensor, torch.Tensor]]
-    blocks: dict[tuple[int | None, ...], torch.Tensor] = field(default_factory=dict)
+    blocks: dict[tuple, torch.Tensor] = field(default_factory=dict)
 
     @property
     def size(self) -> int:
@@ -136,6 +137,19 @@ class TreeShape:
     def level(self, level: int) -> slice:
         """The nodes of `level` (0 is the root)."""
         return slice(self.level_ends[level - 1] if level else 0, self.level_ends[level])
+
+    @property
+    def greedy_path(self) -> torch.Tensor:
+        """(N,): each node's depth where its whole path is the draft's rank-0 choices, else 0."""
+        return self.depths * ~(self.ancestors & (self.ranks != 0)[None, :]).any(dim=1)
+
+    def greedy_depth(self, n: int) -> torch.Tensor:
+        """How far the draft's own top-1 path reaches in the tree's first `n` nodes, () on the device (made once)."""
+        key = ("greedy", n)
+        depth = self.blocks.get(key)
+        if depth is None:
+            depth = self.blocks[key] = self.greedy_path[:n].amax()
+        return depth
 
     def block(self, rows: slice, columns: slice) -> torch.Tensor:
         """`with_edges(ancestors[rows, columns])`, as batched forwards take it, made once per tree."""
