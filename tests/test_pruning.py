@@ -147,9 +147,10 @@ def test_a_batched_pruned_prefill_fills_each_row_as_its_own_pruned_prefill(famil
             assert alone.length == counts[b]
             assert positions[b] - counts[b] == alone.offset
             torch.testing.assert_close(logits[b], last, rtol=1e-4, atol=1e-5)
-            for device, slab in alone.cache._slabs.items():
-                ours = together.cache._slabs[device][:, b, :, max(counts) - counts[b] : max(counts)]
-                torch.testing.assert_close(ours, slab[:, 0, :, : counts[b]], rtol=1e-4, atol=1e-5)
+            for layer in range(len(alone.cache.layers)):
+                for ours, own in zip(together.cache.stored(layer), alone.cache.stored(layer), strict=True):
+                    ours = ours[b, :, max(counts) - counts[b] : max(counts)]
+                    torch.testing.assert_close(ours, own[0, :, : counts[b]], rtol=1e-4, atol=1e-5)
 
 
 def test_text_only_prompts_are_not_pruned(qwen):

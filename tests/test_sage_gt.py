@@ -150,13 +150,13 @@ def test_the_policy_sizes_masked_levels_by_how_deep_the_last_trees_levels_paid()
     policy = SageGtPolicy()
     chain = [0, 0, 1, 2]
     confident = [0.0, -0.01, -0.02, -0.03]
-    assert policy._paying_levels((0.0, 0.0)) == policy.config.max_depth
-    policy._last_tree = (chain, confident)
-    assert policy._paying_levels((0.0, 0.0)) == 4
-    assert policy._paying_levels((10.0, 0.0)) == 1
+    assert policy.paying_levels((0.0, 0.0)) == policy.config.max_depth
+    policy.state.last_tree = (chain, confident)
+    assert policy.paying_levels((0.0, 0.0)) == 4
+    assert policy.paying_levels((10.0, 0.0)) == 1
     doubtful = [0.0, -0.01, -5.0, -10.0]
-    policy._last_tree = (chain, doubtful)
-    assert policy._paying_levels((0.3, 0.0)) == 2
+    policy.state.last_tree = (chain, doubtful)
+    assert policy.paying_levels((0.3, 0.0)) == 2
 
 
 def test_the_policy_plans_with_sage_until_its_cost_model_is_warm():
@@ -235,7 +235,7 @@ def priced_batch(rows: int, rate: float) -> tuple[SageGtPolicy, list[SageGtPolic
     policy.rates.add(int(rate), 1.0)
     members = [policy.for_row() for _ in range(rows)]
     for row in members:
-        row._first_step, row._contexts = False, (100, 100)
+        row.state.first_step, row.state.contexts = False, (100, 100)
     return policy, members
 
 
@@ -247,9 +247,9 @@ def confident_chain(nodes: int) -> tuple[list[int], list[float]]:
 def test_one_rows_large_tree_does_not_size_every_rows_tree_in_a_batch():
     policy, rows = priced_batch(4, rate=200.0)
     assert rows[0].plan().node_floor == pytest.approx(0.4, rel=0.05)
-    rows[0]._last_tree = confident_chain(8)
+    rows[0].state.last_tree = confident_chain(8)
     for row in rows[1:]:
-        row._last_tree = confident_chain(1)
+        row.state.last_tree = confident_chain(1)
     plans = policy.plan_batch(rows)
     # One node is worth a token of every row (all four first nodes are near 1); the second is worth it to one row.
     assert [plan.max_nodes for plan in plans] == [1, 1, 1, 1]
@@ -258,16 +258,16 @@ def test_one_rows_large_tree_does_not_size_every_rows_tree_in_a_batch():
 def test_a_batchs_node_cap_grows_back_while_the_trees_it_cut_still_pay():
     policy, rows = priced_batch(4, rate=200.0)
     for row in rows:
-        row._last_tree = confident_chain(2)
-    policy._cap = 2
+        row.state.last_tree = confident_chain(2)
+    policy.shared.cap = 2
     assert {plan.max_nodes for plan in policy.plan_batch(rows)} == {5}
 
 
 def test_a_row_just_admitted_to_a_batch_starts_from_the_first_levels_of_sages_first_tree():
     policy, rows = priced_batch(4, rate=200.0)
     for row in rows[:3]:
-        row._last_tree = confident_chain(2)
-    rows[3]._first_step = True
+        row.state.last_tree = confident_chain(2)
+    rows[3].state.first_step = True
     first = rows[3].plan()
     plans = policy.plan_batch(rows)
     cap = plans[0].max_nodes

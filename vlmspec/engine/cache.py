@@ -101,6 +101,13 @@ class SlabCache(Cache):
             self._slabs, self._cursors = reuse._slabs, reuse._cursors
             self.capacity = max([capacity] + [slab.shape[3] for slab in self._slabs.values()])
 
+    def stored(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer `index`'s keys and values as stored, `(B, kv heads, capacity, head dim)` each (views of its device's
+        slab)."""
+        slab = self._slabs[self.layer_devices[index]]
+        place = 2 * self._place[index]
+        return slab[place], slab[place + 1]
+
     def layer_slab(self, index: int, like: torch.Tensor, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer `index`'s full-capacity keys and values, allocating or growing its device's slab to hold `end`."""
         device = self.layer_devices[index]

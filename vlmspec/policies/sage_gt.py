@@ -172,8 +172,34 @@ class RateWindow:
             self._seconds -= old_seconds
 
 
+@dataclass
+class SageGtShared:
+    """What the rows of a pair learn together and keep across calls: the cost model, the acceptance calibration and
+    the achieved rate (observed once per step, by the step's first row), and the node cap the batch's last step set
+    (None before one, or when a step had one row)."""
+
+    cost: CostModel
+    calibration: AcceptanceCalibration
+    rates: RateWindow
+    cap: int | None = None
+
+
+@dataclass
+class SageGtRowState:
+    """What one sequence's policy carries from a step to its next: whether a step of this call has been observed,
+    how many steps it has seen (for exploring), the cache lengths the next step starts from, how many rows its last
+    step shared the batch with, and its last tree's parents and cumulative draft log-probabilities (root first)."""
+
+    first_step: bool = True
+    steps: int = 0
+    contexts: tuple[int, int] = (0, 0)
+    rows: int = 1
+    last_tree: tuple[list[int], list[float]] | None = None
+
+
 class SageGtPolicy(TreePolicy):
-    """SAGE's trees sized by measured cost; what it learns (costs, calibration, rate) outlives each call."""
+    """SAGE's trees sized by measured cost; what it learns (`shared`: costs, calibration, rate) outlives each call,
+    what a sequence carries between its steps is its `state`."""
 
     name = "sage-gt"
     reads_tree = True
@@ -182,29 +208,37 @@ class SageGtPolicy(TreePolicy):
         self.config = config or SageGtConfig()
         c = self.config
         self.sage = SagePolicy(c.sage)
-        self.cost = CostModel(c.cost_window, c.cost_ridge)
-        self.calibration = AcceptanceCalibration(c.calibration_bins, c.calibration_prior, c.calibration_memory)
-        self.rates = RateWindow(c.rate_window)
-        self._contexts = (0, 0)
-        self._rows = 1
+        self.shared = SageGtShared(
+            CostModel(c.cost_window, c.cost_ridge),
+            AcceptanceCalibration(c.calibration_bins, c.calibration_prior, c.calibration_memory),
+            RateWindow(c.rate_window),
+        )
+        self.state = SageGtRowState()
         self._prediction: tuple[float, float] | None = None
-        self._first_step = True
-        self._steps = 0
-        self._last_tree: tuple[list[int], list[float]] | None = None
-        self._cap: int | None = None
+
+    @property
+    def cost(self) -> CostModel:
+        return self.shared.cost
+
+    @property
+    def calibration(self) -> AcceptanceCalibration:
+        return self.shared.calibration
+
+    @property
+    def rates(self) -> RateWindow:
+        return self.shared.rates
 
     def reset(self) -> None:
         self.sage.reset()
-        self._first_step = True
+        self.state.first_step = True
 
     def for_row(self) -> SageGtPolicy:
-        """A row's policy: its own SAGE state and last tree; the cost model, the achieved rate (the batch's tokens
-        per second) and the acceptance calibration are the batch's, shared with every row and kept across calls. In
-        a batch a node costs what one more token of the whole batch's verification costs, at the batch's rate, and a
-        draft forward's fixed cost is shared by the rows it serves: as the batch fills and its forwards turn
-        compute-bound, trees shrink, down to plain decoding."""
+        """A row's policy: its own SAGE state and row state; what the policy learns (`shared`) is the batch's, shared
+        with every row and kept across calls. In a batch a node costs what one more token of the whole batch's
+        verification costs, at the batch's rate, and a draft forward's fixed cost is shared by the rows it serves: as
+        the batch fills and its forwards turn compute-bound, trees shrink, down to plain decoding."""
         row = SageGtPolicy(self.config)
-        row.cost, row.calibration, row.rates = self.cost, self.calibration, self.rates
+        row.shared = self.shared
         return row
 
     @property
@@ -230,14 +264,15 @@ class SageGtPolicy(TreePolicy):
 
     def plan(self) -> TreePlan:
         sage_plan = self.sage.plan()
-        if self._first_step or not self.ready:
+        state = self.state
+        if state.first_step or not self.ready:
             return sage_plan
         c = self.config
         rate = self.rate
-        target_context, draft_context = self._contexts
+        target_context, draft_context = state.contexts
         fixed, per_node = self.cost.forward_seconds(draft_context)
         # One draft forward serves every row of a batch: each row's level pays its share of the forward.
-        forward_floor = (rate * fixed / self._rows, rate * per_node)
+        forward_floor = (rate * fixed / state.rows, rate * per_node)
         return CostAwareTreePlan(
             self.sage.width_for(self.sage.alpha),
             c.max_depth,
@@ -246,9 +281,9 @@ class SageGtPolicy(TreePolicy):
             self.calibration,
             node_floor=rate * self.cost.node_seconds(target_context, draft_context),
             forward_floor=forward_floor,
-            explore=self._steps % c.explore_every == 0,
+            explore=state.steps % c.explore_every == 0,
             masked=c.sage.fixed_shapes,
-            paying_levels=self._paying_levels(forward_floor),
+            paying_levels=self.paying_levels(forward_floor),
         )
 
     def plan_batch(self, rows: Sequence[TreePolicy]) -> list[TreePlan]:
@@ -260,21 +295,22 @@ class SageGtPolicy(TreePolicy):
         just admitted starts from the first levels of SAGE's first tree."""
         plans = [row.plan() for row in rows]
         known = [
-            (plan, row._last_tree)
+            (plan, row.state.last_tree)
             for plan, row in zip(plans, rows, strict=True)
-            if isinstance(plan, CostAwareTreePlan) and isinstance(row, SageGtPolicy) and row._last_tree is not None
+            if isinstance(plan, CostAwareTreePlan) and isinstance(row, SageGtPolicy) and row.state.last_tree is not None
         ]
+        shared = self.shared
         if len(plans) < 2 or not known:
-            self._cap = None
+            shared.cap = None
             return plans
         price = sum(plan.node_floor for plan, _ in known) / len(known)
         values = [sorted(self.calibration.node_values(*tree)[1:], reverse=True) for _, tree in known]
-        last_cap = max(len(v) for v in values) if self._cap is None else self._cap
+        last_cap = max(len(v) for v in values) if shared.cap is None else shared.cap
         limit = 2 * last_cap + 1
         cap = 0
         while cap < limit and sum(_value_at(v, cap, last_cap) for v in values) > price * len(values):
             cap += 1
-        self._cap = cap
+        shared.cap = cap
         for b, plan in enumerate(plans):
             if isinstance(plan, CostAwareTreePlan):
                 plan.max_nodes = min(plan.max_nodes, max(cap, int(plan.explore)))
@@ -282,13 +318,13 @@ class SageGtPolicy(TreePolicy):
                 plans[b] = RankTreePlan(plan.paths[: max(cap, 1)])
         return plans
 
-    def _paying_levels(self, forward_floor: tuple[float, float]) -> int:
+    def paying_levels(self, forward_floor: tuple[float, float]) -> int:
         """How many levels a masked plan grows: 1 + the run of the last tree's levels from the first on whose
         calibrated value, times the chance a path goes on, paid for a draft forward over them (`grows`' rule on
         the host's copy of that tree)."""
-        if self._last_tree is None:
+        if self.state.last_tree is None:
             return self.config.max_depth
-        parents, log_probs = self._last_tree
+        parents, log_probs = self.state.last_tree
         values = self.calibration.node_values(parents, log_probs)
         depths = [0] * len(parents)
         sums: dict[int, list[float]] = {}
@@ -320,7 +356,8 @@ class SageGtPolicy(TreePolicy):
         self._prediction = None
         parents = tree.parents.tolist() if step.tree_parents is None else step.tree_parents
         log_probs = tree.log_probs.tolist() if step.tree_log_probs is None else step.tree_log_probs
-        self._last_tree = (parents, log_probs)
+        state = self.state
+        state.last_tree = (parents, log_probs)
         if self.ready:
             expected = self.calibration.expected_accepted(parents, log_probs)
             self._prediction = (1.0 + expected, self.cost.predict(measured))
@@ -328,8 +365,8 @@ class SageGtPolicy(TreePolicy):
             self.cost.add(measured)
             self.rates.add(step.accepted + 1 if batch is None else batch.emitted, step.seconds)
         self.calibration.observe(parents, log_probs, step.path)
-        self._contexts = (step.target_context + step.accepted + 1, step.draft_context + step.accepted + 1)
-        self._rows = 1 if batch is None else batch.rows
-        self._first_step = False
-        self._steps += 1
+        state.contexts = (step.target_context + step.accepted + 1, step.draft_context + step.accepted + 1)
+        state.rows = 1 if batch is None else batch.rows
+        state.first_step = False
+        state.steps += 1
         self.sage.observe(step)
