@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vlmspec.engine.accept import Verdict, accept_sampled, draw
-from vlmspec.engine.tree import DraftTree, TreeBuilder
+from vlmspec.engine.accept import Verdict, accept_sampled, accept_sampled_rows, draw
+from vlmspec.engine.tree import DraftTree, TreeBuilder, TreeRows, rank_tree_shape
 from vlmspec.testing.distribution import g_test
 
 VOCAB = 5
@@ -120,3 +120,33 @@ def test_the_same_test_rejects_a_rule_that_draws_the_bonus_token_with_the_reject
     tree, probs = CASES["a tree"]
     result = g_test(draws(_bonus_from_p, tree, probs), exact_emissions(tree, probs))
     assert not result.passes(ALPHA)
+
+
+def test_every_row_of_a_batch_emits_its_own_trees_exact_distribution():
+    """Recursive rejection over a batch of trees of one shape, each row with its own tokens and target
+    distributions, rows near their budget with their deeper nodes invalid, all rows drawn at once from the global RNG:
+    what each row emits follows the exact distribution of its own (cut) tree, and never passes its budget."""
+    shape = rank_tree_shape([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]], torch.device("cpu"))
+    tokens = torch.tensor([[0, 1, 2, 3, 0, 4, 2], [0, 3, 4, 1, 2, 0, 1], [2, 2, 0, 4, 3, 1, 0]])
+    depths = [3, 1, 2]
+    valid = shape.depths[None] <= torch.tensor(depths)[:, None]
+    trees = TreeRows(tokens, torch.zeros(tokens.shape), shape.parents, shape.depths, shape.ancestors, 3, valid)
+    generator = torch.Generator().manual_seed(3)
+    probs = torch.rand(3, shape.size, VOCAB, generator=generator)
+    probs[0, 1, 2] = 0.0  # a child the target gives no mass, as a warper cuts it
+    probs[1, 0] = torch.tensor([0.0, 0.0, 0.0, 0.5, 0.5])  # the root's children cover its support
+    probs = probs / probs.sum(-1, keepdim=True)
+    torch.manual_seed(0)
+    emitted_rows: list[list[tuple[int, ...]]] = [[] for _ in depths]
+    for _ in range(DRAWS):
+        verdict = accept_sampled_rows(trees, probs)
+        for b in range(len(depths)):
+            emitted_rows[b].append(emitted(trees.row(b), verdict.row(b)))
+    for b, depth in enumerate(depths):
+        n = int((shape.depths <= depth).sum())
+        own = DraftTree(
+            tokens[b, :n], shape.parents[:n], shape.depths[:n], torch.zeros(n), shape.ancestors[:n, :n], depth
+        )
+        assert max(len(tokens) for tokens in emitted_rows[b]) <= depth + 1
+        result = g_test(emitted_rows[b], exact_emissions(own, probs[b, :n]))
+        assert result.impossible == 0 and result.passes(ALPHA), (b, result)
