@@ -2,57 +2,19 @@
 
 The exact distribution of 6-token continuations is enumerated with the target alone, through its own
 `generate(do_sample=True)` (prefixes rarer than a minimum mass stand for all their continuations); 2,000 seeded
-speculative samples are compared with it by a G test. Six tokens take every tree below its first level and SAGE
-past its fixed first tree into its entropy-shaped ones. The harness is checked both ways: HF's own sampler passes
-it, and samplers that favour the draft's first child or draw the bonus token from p instead of p' fail it.
-`scripts/sampling_sweep.py` runs the whole grid of policies, drafts, inputs and warpers.
+speculative samples are compared with it by a G test (`sampling_cases`). Six tokens take every tree below its first
+level and SAGE past its fixed first tree into its entropy-shaped ones. `test_sampling_harness.py` checks the harness
+both ways. `scripts/sampling_sweep.py` runs the whole grid of policies, drafts, inputs and warpers.
 """
 
 from __future__ import annotations
 
-from functools import cache
-
 import pytest
 import torch
-from conftest import FAMILIES
+from sampling_cases import ALPHA, FAMILY, NEW_TOKENS, SAMPLES, WARPS, exact, speculative_test
 
-import vlmspec.engine.choice
-from vlmspec import SpecStats, SpeculativeVLM
-from vlmspec.engine.accept import Verdict, accept_sampled, deepest, draw
-from vlmspec.engine.tree import DraftTree
-from vlmspec.testing.distribution import GTest, continuations, eos_ids, exact_continuations, g_test
-
-SAMPLES = 2000
-NEW_TOKENS = 6
-ALPHA = 1e-3
-WARPS = {
-    "temperature": dict(temperature=0.7, top_k=0),
-    "top_k_top_p": dict(temperature=1.5, top_k=4, top_p=0.9),
-}
-#: Prefixes less likely than this stand for all their continuations (temperature alone keeps the whole vocabulary).
-MIN_MASS = {"temperature": 0.02, "top_k_top_p": 0.005}
-FAMILY = FAMILIES["qwen2_5_vl"]
-
-
-@cache
-def exact(case: str, warp: str) -> dict[tuple[int, ...], float]:
-    return exact_continuations(FAMILY.target, FAMILY.cases[case], NEW_TOKENS, MIN_MASS[warp], **WARPS[warp])
-
-
-def speculative_test(policy: str, draft: str, case: str, warp: str) -> tuple[GTest, SpecStats]:
-    """G test of SAMPLES continuations drawn by SpeculativeVLM (from one prefill) against the exact distribution."""
-    inputs = FAMILY.cases[case]
-    spec = SpeculativeVLM(FAMILY.target, FAMILY.drafts[draft], policy=policy)
-    sequences = spec.generate(
-        **inputs,
-        do_sample=True,
-        max_new_tokens=NEW_TOKENS,
-        num_return_sequences=SAMPLES,
-        generator=torch.Generator().manual_seed(0),
-        **WARPS[warp],
-    )
-    samples = continuations(sequences, inputs["input_ids"].shape[1], eos_ids(FAMILY.target, {}))
-    return g_test(samples, exact(case, warp)), spec.last_stats
+from vlmspec import SpeculativeVLM
+from vlmspec.testing.distribution import continuations, eos_ids, g_test
 
 
 @pytest.mark.parametrize(
@@ -76,45 +38,6 @@ def test_speculative_samples_follow_the_targets_exact_distribution(policy, draft
         assert len({step.alpha for step in stats.steps}) > 2
     if policy == "sage-gt":
         assert sum(step.predicted_tokens is not None for step in stats.steps) > len(stats.steps) // 2
-
-
-@pytest.mark.parametrize("warp", list(WARPS))
-def test_the_harness_passes_the_targets_own_sampler(warp):
-    inputs = FAMILY.cases["image"]
-    torch.manual_seed(0)
-    sequences = FAMILY.target.generate(
-        **inputs, do_sample=True, max_new_tokens=NEW_TOKENS, num_return_sequences=SAMPLES, **WARPS[warp]
-    )
-    samples = continuations(sequences, inputs["input_ids"].shape[1], eos_ids(FAMILY.target, {}))
-    assert g_test(samples, exact("image", warp)).passes(ALPHA)
-
-
-def _always_first_child(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None = None) -> Verdict:
-    """A wrong rule: accept the first child of every node (if the target gives it any mass), then sample."""
-    first_child = torch.ones(tree.size, dtype=torch.bool, device=tree.tokens.device)
-    seen: set[int] = set()
-    for node in range(1, tree.size):
-        parent = int(tree.parents[node])
-        first_child[node] = parent not in seen and bool(probs[parent, tree.tokens[node]] > 0)
-        seen.add(parent)
-    path, accepted, last = deepest(tree, first_child)
-    return Verdict(path, accepted, draw(probs[last], generator))
-
-
-def _bonus_from_p(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None = None) -> Verdict:
-    """A subtly wrong rule: recursive rejection, but the bonus token drawn from p, rejected children included."""
-    verdict = accept_sampled(tree, probs, generator)
-    last = verdict.path[verdict.accepted]
-    return Verdict(verdict.path, verdict.accepted, draw(probs[last], generator))
-
-
-@pytest.mark.parametrize(
-    "rule, policy", [(_always_first_child, "sage"), (_bonus_from_p, "chain")], ids=["first_child", "bonus_from_p"]
-)
-def test_the_harness_rejects_a_biased_sampler(monkeypatch, rule, policy):
-    monkeypatch.setattr(vlmspec.engine.choice, "accept_sampled", rule)
-    result, _ = speculative_test(policy, "noisy", "image", "top_k_top_p")
-    assert result.impossible == 0 and not result.passes(ALPHA)
 
 
 def test_the_same_seed_draws_the_same_samples():
