@@ -3,9 +3,11 @@
 A row is one prompt (its draft prompt pruned by its own verifier scores) with its own policy state, token sink and
 stopping. Prompts that join the batch together are prefilled in one left-padded target forward (each row's scores
 from its own rows of it), then in one draft forward (each row cut to its own kept tokens). Every step, the rows'
-trees grow level by level through one batched draft forward per level, are padded to a common size and verified by
-one target forward; acceptance runs per row on the device and all rows' results are read at once. A finished row
-leaves the batch at once and, while inputs remain, the next one is admitted in its place (continuous batching).
+trees grow level by level through one batched draft forward per level and are verified by one target forward, and
+all rows' results are read at once. When every row drafts the same tree of rank paths, the whole step runs as `(B, N)`
+tensors (`rows_step`), its operations independent of the rows; trees that differ per row are padded to a common size
+and accepted row by row. A finished row leaves the batch at once and, while inputs remain, the next one is admitted
+in its place (continuous batching).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 from ..adapters import VisualLayout
 from ..policies import BatchShape, RankTreePlan, TreePlan, TreePolicy
 from ..pruning import VerifierScores, scoring
+from .choice import NodeProcessing, TargetSampler
 from .commit import plan_commit, plan_commit_rows
 from .draft import Drafted, Drafter
 from .loop import DecodeSettings, Prefilled, SpeculativeDecoder, TokenSink, observe_step
@@ -374,27 +377,7 @@ class BatchDecoder:
         draft_starts, target_starts = list(draft.lengths), list(target.lengths)
         processings = [row.settings.draft_processing for row in rows]
         samplers = [row.settings.sampler for row in rows]
-        # Without logits processors nothing reads the rows' sequences on the device until they finish.
-        target_processings = [s.processing for s in samplers]
-        reads_sequences = not uniform_processing(processings + target_processings)
-        together = all(
-            uniform_processing(group) or common_processing(group) is not None
-            for group in (processings, target_processings)
-        )
-        draft_sequences: RowSequences
-        if not reads_sequences or not together:
-            self._tokens.forget()
-        if not reads_sequences:
-            sequences = draft_sequences = [None] * len(rows)
-        elif together:
-            sequences = self._tokens.sequences(rows, target.device)
-            draft_sequences = sequences.to(draft.device).clamp_max(self.vocab_limit - 1)
-        else:
-            sequences = [row.sink.sequence for row in rows]
-            draft_sequences = [
-                s if p is None else s.to(draft.device).clamp_max(self.vocab_limit - 1)
-                for s, p in zip(sequences, processings, strict=True)
-            ]
+        sequences, draft_sequences, kept = self._row_sequences(rows, processings, samplers, target, draft)
         with timer("drafting"):
             shape = rank_tree_shape(plan.paths, draft.device)
             max_depths = [row.settings.max_new_tokens - row.sink.new_tokens - 1 for row in rows]
@@ -448,9 +431,36 @@ class BatchDecoder:
             batch = shape if len(rows) > 1 else None
             observe_step(row.policy, plan, grown, grown.tree, report, row.stats, timer, step_started, contexts, batch)
             shape = replace(shape, first=False)
-            row.sink.take(accepted.tokens[b], report, on_device=reads_sequences and not together)
-        if reads_sequences and together:
+            row.sink.take(accepted.tokens[b], report, on_device=kept == "sinks")
+        if kept == "batch":
             self._tokens.take(accepted.tokens, [report.count for report in accepted.reports])
+
+    def _row_sequences(
+        self,
+        rows: list[_Row],
+        processings: list[NodeProcessing | None],
+        samplers: list[TargetSampler],
+        target: RowRunner,
+        draft: RowRunner,
+    ) -> tuple[RowSequences, RowSequences, str]:
+        """The rows' tokens so far, for the target's processors and the draft's, and where the step keeps the tokens
+        it emits: nowhere on the device ("none") when no row processes its logits (the sinks write them when the rows
+        finish), in the batch's `(B, T)` tensor ("batch") when the rows share one processing, else in each row's
+        sink ("sinks")."""
+        target_processings = [s.processing for s in samplers]
+        if uniform_processing(processings + target_processings):
+            self._tokens.forget()
+            return [None] * len(rows), [None] * len(rows), "none"
+        if all(uniform_processing(g) or common_processing(g) is not None for g in (processings, target_processings)):
+            sequences = self._tokens.sequences(rows, target.device)
+            return sequences, sequences.to(draft.device).clamp_max(self.vocab_limit - 1), "batch"
+        self._tokens.forget()
+        sequences = [row.sink.sequence for row in rows]
+        draft_sequences = [
+            s if p is None else s.to(draft.device).clamp_max(self.vocab_limit - 1)
+            for s, p in zip(sequences, processings, strict=True)
+        ]
+        return sequences, draft_sequences, "sinks"
 
     def _pending_rows(self, rows: list[_Row], device: torch.device) -> tuple[torch.Tensor, list[int]]:
         """Every row's tokens the draft has not seen, left-aligned in one `(B, P)` tensor, and how many each has: the
