@@ -30,6 +30,12 @@ class Verdict:
     bonus: torch.Tensor
     doubt: torch.Tensor | None = None
 
+    def as_rows(self) -> Verdict:
+        """One tree's verdict as a batch of one (views)."""
+        return Verdict(
+            self.path[None], self.accepted[None], self.bonus[None], None if self.doubt is None else self.doubt[None]
+        )
+
     def row(self, b: int) -> Verdict:
         """Row `b`'s verdict of a batch's (views)."""
         return Verdict(self.path[b], self.accepted[b], self.bonus[b], None if self.doubt is None else self.doubt[b])

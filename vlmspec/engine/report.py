@@ -43,7 +43,7 @@ class StepReport:
 
 def emitted_tokens(tree: DraftTree, verdict: Verdict) -> torch.Tensor:
     """`(tree.depth + 1,)`: the accepted draft tokens, then the bonus token (what follows it is padding)."""
-    return emitted_rows(tree.rows(), Verdict(verdict.path[None], verdict.accepted[None], verdict.bonus[None]))[0]
+    return emitted_rows(tree.rows(), verdict.as_rows())[0]
 
 
 def emitted_rows(trees: TreeRows, verdict: Verdict) -> torch.Tensor:
@@ -69,6 +69,23 @@ class RowStep:
     statistics: torch.Tensor | None = None
     with_tree: bool = False
 
+    def accept(self, compact: bool = True) -> tuple[Verdict, torch.Tensor, PackedStep]:
+        """Accept on the device (`compact`: see `TargetSampler.accept`): the verdict, the tokens emitted and the
+        packed results, not yet read."""
+        verdict = self.sampler.accept(self.tree, self.logits, self.sequence, compact)
+        tokens = emitted_tokens(self.tree, verdict)
+        step = pack_step(
+            self.tree,
+            verdict,
+            tokens,
+            self.eos_token_ids,
+            self.room,
+            self.greedy_depth,
+            self.statistics,
+            self.with_tree,
+        )
+        return verdict, tokens, step
+
 
 def accept_rows(rows: list[RowStep]) -> list[tuple[Verdict, torch.Tensor, StepReport]]:
     """Accept every sequence's tree on the device and read all their results at once: per row its verdict, the tokens
@@ -79,13 +96,7 @@ def accept_rows(rows: list[RowStep]) -> list[tuple[Verdict, torch.Tensor, StepRe
     for compact in (True, False):
         packed = []
         for b in todo:
-            row = rows[b]
-            verdict = row.sampler.accept(row.tree, row.logits, row.sequence, compact)
-            tokens = emitted_tokens(row.tree, verdict)
-            step = pack_step(
-                row.tree, verdict, tokens, row.eos_token_ids, row.room, row.greedy_depth, row.statistics, row.with_tree
-            )
-            packed.append((b, verdict, tokens, step))
+            packed.append((b, *rows[b].accept(compact)))
         if len(packed) == 1:
             values = packed[0][3].values.tolist()
         else:
@@ -126,15 +137,16 @@ def pack_step(
 ) -> PackedStep:
     """Settle EOS and the budget on the device and pack what the host must know (rows of a batch are packed apart,
     concatenated and read once)."""
-    verdict = Verdict(
-        verdict.path[None],
-        verdict.accepted[None],
-        verdict.bonus[None],
-        None if verdict.doubt is None else verdict.doubt[None],
-    )
     statistics = None if statistics is None else statistics[None]
     values = pack_rows(
-        tree.rows(), verdict, tokens[None], eos_token_ids[None], [room], greedy_depth[None], statistics, with_tree
+        tree.rows(),
+        verdict.as_rows(),
+        tokens[None],
+        eos_token_ids[None],
+        [room],
+        greedy_depth[None],
+        statistics,
+        with_tree,
     )
     return PackedStep(
         values[0], tree.size, tokens.shape[0], values.shape[1] - packed_width(tree, tokens, with_tree), with_tree

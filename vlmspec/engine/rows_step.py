@@ -21,16 +21,15 @@ from .counting import arange
 from .draft import Drafted, proposal_log_probs, proposal_log_probs_rows
 from .report import (
     PackedStep,
+    RowStep,
     StepReport,
     emitted_rows,
-    emitted_tokens,
     pack_rows,
-    pack_step,
     packed_width,
     unpack_step,
 )
 from .row_runner import RowRunner
-from .tree import DraftTree, TreeRows, TreeShape
+from .tree import TreeRows, TreeShape
 
 
 @dataclass
@@ -50,15 +49,7 @@ class RowsDrafted:
 
     def row(self, b: int) -> Drafted:
         """Row `b`'s tree cut to its valid nodes, as the one-row drafter would have grown it (views)."""
-        n, trees = self.sizes[b], self.trees
-        tree = DraftTree(
-            trees.tokens[b, :n],
-            trees.parents[:n],
-            trees.depths[:n],
-            trees.log_probs[b, :n],
-            trees.ancestors[:n, :n],
-            self.depths[b],
-        )
+        tree = self.trees.row(b, self.sizes[b], self.depths[b])
         return Drafted(
             tree, self.root_log_probs[b], self.cached_depth, self.greedy_depth[b], self.forwards, self.fed_tokens
         )
@@ -166,8 +157,7 @@ def _log_probs(
     """Every row's proposal log-probabilities and ranking key (B, m, V) from the draft's `logits` (B, m, V): at once
     when no row processes its logits or all share one processing (`sequences` a tensor), else row by row."""
     if plain:
-        log_probs = torch.log_softmax(logits[..., :vocab_limit].float(), dim=-1)
-        return log_probs, log_probs
+        return proposal_log_probs_rows(logits, None, vocab_limit, sequences)
     if isinstance(sequences, torch.Tensor):
         return proposal_log_probs_rows(logits, processings[0], vocab_limit, sequences, tokens, ancestors)
     parts = [
@@ -270,18 +260,11 @@ def _accept_again(
     returns its report (read alone)."""
     grown = drafted.row(b)
     tree = grown.tree.to(logits.device)
-    own = sampler.accept(tree, logits[: tree.size], sequence, compact=False)
-    emitted = emitted_tokens(tree, own)
-    step = pack_step(
-        tree,
-        own,
-        emitted,
-        eos_token_ids,
-        room,
-        grown.greedy_depth,
-        None if statistics is None else statistics[b],
-        with_tree,
+    own_statistics = None if statistics is None else statistics[b]
+    row = RowStep(
+        sampler, tree, logits[: tree.size], sequence, eos_token_ids, room, grown.greedy_depth, own_statistics, with_tree
     )
+    own, emitted, step = row.accept(compact=False)
     report = unpack_step(step.values.tolist(), step)
     depth = emitted.shape[0]
     verdict.path[b].zero_()

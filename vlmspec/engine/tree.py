@@ -106,9 +106,18 @@ class TreeRows:
         tensors = (self.tokens, self.log_probs, self.parents, self.depths, self.ancestors)
         return TreeRows(*(t.to(device) for t in tensors), self.depth, valid)
 
-    def row(self, b: int) -> DraftTree:
-        """Row `b`'s tree (views, no copy), its invalid nodes included."""
-        return DraftTree(self.tokens[b], self.parents, self.depths, self.log_probs[b], self.ancestors, self.depth)
+    def row(self, b: int, nodes: int | None = None, depth: int | None = None) -> DraftTree:
+        """Row `b`'s tree (views, no copy): all its nodes, invalid ones included, or its first `nodes` (the levels up
+        to `depth`)."""
+        n = self.size if nodes is None else nodes
+        return DraftTree(
+            self.tokens[b, :n],
+            self.parents[:n],
+            self.depths[:n],
+            self.log_probs[b, :n],
+            self.ancestors[:n, :n],
+            self.depth if depth is None else depth,
+        )
 
 
 @dataclass
