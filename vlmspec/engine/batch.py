@@ -342,25 +342,17 @@ class BatchDecoder:
         with timer("tree_update"):
             fed = [row.pending.shape[0] for row in rows]
             self._commit(rows, reports, drafted, target, draft, target_starts, draft_starts, fed)
-        shape = BatchShape(
-            rows=len(rows),
-            tree_tokens=len(rows) * max(t.size for t in trees),
-            draft_forwards=draft_forwards,
-            draft_tokens=draft_tokens,
-            emitted=sum(report.count for _, _, report in reports),
-            target_context=sum(target_starts) // len(rows),
-            draft_context=(sum(draft_starts) + sum(fed)) // len(rows),
-            first=True,
+        self._finish(
+            rows,
+            plans,
+            drafted,
+            [report for _, _, report in reports],
+            [tokens for _, tokens, _ in reports],
+            (len(rows) * max(t.size for t in trees), draft_forwards, draft_tokens),
+            (target_starts, draft_starts, fed),
+            timer,
+            step_started,
         )
-        for b, row in enumerate(rows):
-            verdict, tokens, report = reports[b]
-            contexts = (draft_starts[b] + fed[b], target_starts[b])
-            batch = shape if len(rows) > 1 else None
-            observe_step(
-                row.policy, plans[b], drafted[b], trees[b], report, row.stats, timer, step_started, contexts, batch
-            )
-            shape = replace(shape, first=False)
-            row.sink.take(tokens, report)
 
     def _step_together(
         self,
@@ -415,25 +407,58 @@ class BatchDecoder:
             timer.collect()
         with timer("tree_update"):
             self._commit_together(rows, accepted, drafted, counts, target, draft, target_starts, draft_starts)
+        self._finish(
+            rows,
+            [plan] * len(rows),
+            [drafted.row(b) for b in range(len(rows))],
+            accepted.reports,
+            list(accepted.tokens),
+            (len(rows) * trees.size, drafted.forwards, drafted.fed_tokens),
+            (target_starts, draft_starts, counts),
+            timer,
+            step_started,
+            on_device=kept == "sinks",
+        )
+        if kept == "batch":
+            self._tokens.take(accepted.tokens, [report.count for report in accepted.reports])
+
+    def _finish(
+        self,
+        rows: list[_Row],
+        plans: list[TreePlan],
+        grown: list[Drafted],
+        reports: list[StepReport],
+        tokens: list[torch.Tensor],
+        carried: tuple[int, int, int],
+        starts: tuple[list[int], list[int], list[int]],
+        timer: PhaseTimer,
+        step_started: float,
+        on_device: bool = True,
+    ) -> None:
+        """Every row's policy learns from the step and its statistics record it, then its sink takes the tokens it
+        emitted. `carried` is what the step's forwards carried (verified tokens, draft forwards, draft tokens, padding
+        included), `starts` the target's and the draft's cache lengths at the step's start and each row's pending
+        count; with more than one row each observes the batch's shape, what the rows share recorded once."""
+        target_starts, draft_starts, pending = starts
         shape = BatchShape(
             rows=len(rows),
-            tree_tokens=len(rows) * trees.size,
-            draft_forwards=drafted.forwards,
-            draft_tokens=drafted.fed_tokens,
-            emitted=sum(report.count for report in accepted.reports),
+            tree_tokens=carried[0],
+            draft_forwards=carried[1],
+            draft_tokens=carried[2],
+            emitted=sum(report.count for report in reports),
             target_context=sum(target_starts) // len(rows),
-            draft_context=(sum(draft_starts) + sum(counts)) // len(rows),
+            draft_context=(sum(draft_starts) + sum(pending)) // len(rows),
             first=True,
         )
         for b, row in enumerate(rows):
-            report, grown = accepted.reports[b], drafted.row(b)
-            contexts = (draft_starts[b] + counts[b], target_starts[b])
+            contexts = (draft_starts[b] + pending[b], target_starts[b])
             batch = shape if len(rows) > 1 else None
-            observe_step(row.policy, plan, grown, grown.tree, report, row.stats, timer, step_started, contexts, batch)
+            tree = grown[b].tree
+            observe_step(
+                row.policy, plans[b], grown[b], tree, reports[b], row.stats, timer, step_started, contexts, batch
+            )
             shape = replace(shape, first=False)
-            row.sink.take(accepted.tokens[b], report, on_device=kept == "sinks")
-        if kept == "batch":
-            self._tokens.take(accepted.tokens, [report.count for report in accepted.reports])
+            row.sink.take(tokens[b], reports[b], on_device)
 
     def _row_sequences(
         self,
