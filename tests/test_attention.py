@@ -7,7 +7,14 @@ import torch
 from conftest import DEVICE
 
 from vlmspec.adapters import adapter_for
-from vlmspec.attention import TREE_IMPLEMENTATIONS, grouped_attention, tree_attention, tree_block_attention
+from vlmspec.attention import (
+    TREE_IMPLEMENTATIONS,
+    fold_heads,
+    grouped_attention,
+    tree_attention,
+    tree_block_attention,
+    unfold_heads,
+)
 from vlmspec.engine.runner import ModelRunner
 from vlmspec.engine.tree import additive_mask
 
@@ -99,3 +106,14 @@ def test_overlapping_tree_attention_blocks_restore_the_models_own_when_the_last_
     assert config._attn_implementation == TREE_IMPLEMENTATIONS[before]
     second.__exit__(None, None, None)
     assert config._attn_implementation == before
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "length outside heads"])
+def test_unfolding_heads_undoes_folding_in_the_layout_attention_returns(layout):
+    query = torch.randn(2, 8, 3, 16, device=DEVICE)
+    folded = fold_heads(query, 2)
+    if layout != "contiguous":
+        # CUDA's fused kernels return (B, heads, L, D) with the length outside the heads in memory.
+        folded = folded.transpose(1, 2).contiguous().transpose(1, 2)
+    out = unfold_heads(folded, query)
+    assert out.is_contiguous() and torch.equal(out, query.transpose(1, 2))

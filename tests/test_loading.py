@@ -58,6 +58,7 @@ def test_a_quantized_target_decodes_exactly_like_its_own_greedy_generate(saved_p
     )
     assert quantization in type(spec.target.model.language_model.layers[0].self_attn.q_proj).__name__
     inputs = chat_inputs(spec.processor, "Describe the image in detail.", images=[sample_image(0)])
+    inputs = {k: v.to(spec.target.device) for k, v in inputs.items()}
     expected = spec.target.generate(**inputs, do_sample=False, max_new_tokens=16)
     assert torch.equal(spec.generate(**inputs, max_new_tokens=16), expected)
 
@@ -92,6 +93,7 @@ def test_device_map_auto_places_both_models_and_decodes_exactly(saved_pairs):
     spec = SpeculativeVLM.from_pretrained(target_dir, draft_dir, device_map="auto", torch_dtype=torch.float32)
     assert spec.draft.get_input_embeddings().weight.device == spec.target.get_input_embeddings().weight.device
     inputs = chat_inputs(spec.processor, "Describe the image in detail.", images=[sample_image(5)])
+    inputs = {k: v.to(spec.target.device) for k, v in inputs.items()}
     expected = spec.target.generate(**inputs, do_sample=False, max_new_tokens=16)
     assert torch.equal(spec.generate(**inputs, max_new_tokens=16), expected)
 

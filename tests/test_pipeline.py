@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import transformers
+from conftest import on_device
 
 import vlmspec
 from vlmspec.testing import sample_frames, sample_image
@@ -56,7 +57,7 @@ def test_video_in_chat_messages_is_answered_like_the_target(pipelines, qwen):
         qwen.processor.apply_chat_template(vlmspec.processors.chat_messages("Describe the video.", 0, 1)),
         videos=[frames],
     )
-    ids = qwen.target.generate(**inputs, do_sample=False, max_new_tokens=16)
+    ids = qwen.target.generate(**on_device(inputs), do_sample=False, max_new_tokens=16)
     expected = qwen.processor.tokenizer.decode(ids[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
     assert out[0]["generated_text"] == expected
 
@@ -71,7 +72,7 @@ def test_generation_settings_given_to_the_call_reach_generate(pipelines, qwen):
     text = "<|vision_start|><|image_pad|><|vision_end|>Describe."
     out = ours(images=sample_image(0), text=text, max_new_tokens=16, return_full_text=False, repetition_penalty=1.5)
     inputs = qwen.processor(text, images=[sample_image(0)])
-    ids = qwen.target.generate(**inputs, do_sample=False, max_new_tokens=16, repetition_penalty=1.5)
+    ids = qwen.target.generate(**on_device(inputs), do_sample=False, max_new_tokens=16, repetition_penalty=1.5)
     expected = qwen.processor.tokenizer.decode(ids[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
     plain = ours(images=sample_image(0), text=text, max_new_tokens=16, return_full_text=False)
     assert out[0]["generated_text"] == expected != plain[0]["generated_text"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import DEVICE
 
 from vlmspec import SpeculativeVLM
 from vlmspec.eval.profile import LaunchCounter, markdown_table, profile_generate, profile_policy
@@ -11,7 +12,7 @@ from vlmspec.testing import noisy_copy, tiny_qwen2_5_vl
 
 
 def test_counts_are_split_between_the_target_the_draft_and_the_rest(cases):
-    target = tiny_qwen2_5_vl(0)
+    target = tiny_qwen2_5_vl(0).to(DEVICE)
     draft = noisy_copy(target, 0.05)
     counter = LaunchCounter(target, draft)
     with counter.counting(), torch.inference_mode():

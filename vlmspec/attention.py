@@ -52,9 +52,14 @@ def fold_heads(query: torch.Tensor, kv_heads: int) -> torch.Tensor:
     return query.reshape(batch, kv_heads, heads // kv_heads * q, dim)
 
 
-def _unfold(out: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
-    """A folded attention output in the layout attention functions return, `(B, q, heads, D)`, in `query`'s dtype."""
-    return out.to(query.dtype).view(query.shape).transpose(1, 2).contiguous()
+def unfold_heads(out: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+    """A folded attention output `(B, kv heads, heads / kv heads x q, D)` in the layout attention functions return,
+    `(B, q, heads, D)`, in `query`'s dtype. CUDA's attention kernels return it strided (the length outside the heads),
+    where no view merges the heads, so this splits the folded length and copies once, into the final layout."""
+    batch, heads, q, dim = query.shape
+    kv_heads = out.shape[1]
+    grouped = out.to(query.dtype).view(batch, kv_heads, heads // kv_heads, q, dim)
+    return grouped.permute(0, 3, 1, 2, 4).reshape(batch, q, heads, dim).contiguous()
 
 
 def _eager_forward(module: torch.nn.Module) -> Callable:
@@ -115,7 +120,7 @@ def tree_block_attention(
         out = out.addcmul_(prefix.float(), (prefix_lse - total).exp_()[..., None])
     else:
         out = (scores - lse[..., None]).exp_() @ tree_values.float()
-    return _unfold(out, query)
+    return unfold_heads(out, query)
 
 
 def grouped_attention(
@@ -131,7 +136,7 @@ def grouped_attention(
     out = torch.nn.functional.scaled_dot_product_attention(
         fold_heads(query, kv_heads), key, value, attn_mask=tiled, scale=scale
     )
-    return _unfold(out, query)
+    return unfold_heads(out, query)
 
 
 def _tree_attention(base: str) -> Callable:

@@ -76,6 +76,12 @@ def proposal_log_probs_rows(
     if processing is None:
         log_probs = torch.log_softmax(logits.float(), dim=-1)
         return log_probs, log_probs
+    if logits.device != sequences.device:
+        # A draft on another device than the target: the processors and the sequences live with the target.
+        here = sequences.device
+        moved = [None if t is None else t.to(here) for t in (tokens, ancestors)]
+        log_probs, order = proposal_log_probs_rows(logits.to(here), processing, vocab_limit, sequences, *moved)
+        return log_probs.to(logits.device), order.to(logits.device)
     scores = processing.process_rows(logits, sequences, tokens, ancestors)
     ranked = torch.log_softmax(scores, dim=-1)
     if not processing.warpers:

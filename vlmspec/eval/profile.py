@@ -216,6 +216,7 @@ def run_profile(
 ):
     """Every policy under every config, and plain `generate` under each config, on one prompt (B copies of it)."""
     profiles = []
+    inputs = {k: v.to(spec.target.device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
     batch = inputs
     if batch_size > 1:
         pad = spec.processor.tokenizer.pad_token_id

@@ -23,7 +23,8 @@ def sharpen(model: torch.nn.Module, logit_scale: float) -> torch.nn.Module:
 
 def noisy_copy(model: torch.nn.Module, scale: float = 0.02, seed: int = 0) -> torch.nn.Module:
     """A copy of `model` with Gaussian noise added to every weight: a draft that agrees often, not always."""
-    clone = type(model)(model.config).eval()
+    device = next(model.parameters()).device
+    clone = type(model)(model.config).to(device).eval()
     clone.load_state_dict(model.state_dict())
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
