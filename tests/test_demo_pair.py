@@ -16,7 +16,9 @@ def test_the_demo_pair_is_bundled_within_the_size_budget():
     size = sum(f.stat().st_size for f in DEMO_DIR.rglob("*") if f.is_file())
     assert size < 60 * 2**20
     log = json.loads((DEMO_DIR / "training_log.json").read_text())
-    assert log["held_out_accuracy"]["target"]["colour_recall"] > 0
+    accuracy = log["held_out_accuracy"]["target"]
+    # Per suite since the GPU training; a log written before holds one score over held-out images and videos.
+    assert accuracy.get("image", accuracy)["colour_recall"] > 0
 
 
 def test_the_demo_pair_decodes_its_samples_exactly():

@@ -36,7 +36,7 @@ from transformers import CompileConfig
 from ..engine.stats import PHASES
 from ..processors import QwenVideoPacker, VisualInputs, chat_messages
 from ..speculative import SpeculativeVLM
-from .synthetic import VIDEO_FPS, items, make_item
+from .synthetic import VIDEO_FPS, Item, items, make_item
 
 SUITES = ("image", "video", "long-video")
 LONG_VIDEO_FRAMES = 32
@@ -117,17 +117,23 @@ def long_video_processor(processor: Any) -> Any:
     return VisualInputs(processor.processor, QwenVideoPacker(patcher, packer.timestamps, packer.sampling))
 
 
-def suite_prompts(processor, suite: str, n: int) -> list[tuple[str, list[Any], list[Any]]]:
-    """Held-out items of one suite as the processor's chat text, images and videos of each."""
+def suite_items(suite: str, n: int) -> list[Item]:
+    """The first `n` held-out items of one suite (`long-video`: the video suite's clips rendered long), so that every
+    benchmark and the demo pair's training score the same items."""
     if suite not in SUITES:
         raise ValueError(f"unknown suite {suite!r}; choose from {', '.join(SUITES)}")
     kind = "image" if suite == "image" else "video"
     chosen = [i for i in items("held-out", 4 * n + 2) if i.kind == kind][:n]
     if suite == "long-video":
         chosen = [make_item(i.seed, "video", LONG_VIDEO_FRAMES, LONG_VIDEO_SIZE) for i in chosen]
+    return chosen
+
+
+def suite_prompts(processor, suite: str, n: int) -> list[tuple[str, list[Any], list[Any]]]:
+    """Held-out items of one suite as the processor's chat text, images and videos of each."""
     prompts = []
-    for item in chosen:
-        images, videos = ([item.image], []) if kind == "image" else ([], [item.video])
+    for item in suite_items(suite, n):
+        images, videos = ([item.image], []) if item.kind == "image" else ([], [item.video])
         prompts.append(
             (processor.apply_chat_template(chat_messages(item.prompt, len(images), len(videos))), images, videos)
         )
