@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import DEVICE
 from sampling_cases import ALPHA, FAMILY, NEW_TOKENS, SAMPLES, WARPS, exact, speculative_test
 
 from vlmspec import SpeculativeVLM
+from vlmspec.testing import noisy_copy
 from vlmspec.testing.distribution import continuations, eos_ids, g_test
 
 
@@ -176,3 +178,12 @@ def test_rows_drafting_one_shape_together_draw_what_each_draws_alone_from_its_ow
         return {r.key: r.sequence[0].tolist() for r in results}
 
     assert run(4) == run(1)
+
+
+@pytest.mark.skipif(DEVICE.type == "cpu", reason="needs the target on an accelerator and the draft on the CPU")
+def test_a_draft_on_another_device_proposes_under_the_targets_processors(family):
+    draft = noisy_copy(family.target, 0.05).to("cpu")
+    inputs = family.cases["image"]
+    settings = dict(do_sample=False, max_new_tokens=12, min_new_tokens=4, repetition_penalty=1.3)
+    expected = family.target.generate(**inputs, **settings)
+    assert torch.equal(SpeculativeVLM(family.target, draft).generate(**inputs, **settings), expected)

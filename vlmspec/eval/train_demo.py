@@ -20,6 +20,7 @@ among them (padded to about 10,000 tokens) about 25 s; see `training_log.json`.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import random
@@ -217,6 +218,9 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    if importlib.util.find_spec("av") is None:
+        # Checked first, so a run is not lost at its end: the sample video is written with PyAV.
+        raise SystemExit("train_demo writes the demo's sample video with PyAV, which is not installed (pip install av)")
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -286,8 +290,8 @@ def main() -> None:
         target_dir = args.out / name
         model.eval().to(torch.bfloat16).save_pretrained(target_dir)
         processor.save_pretrained(target_dir)
-    write_samples(args.out)
     (args.out / "training_log.json").write_text(json.dumps(log, indent=1))
+    write_samples(args.out)
     print(f"wrote the demo pair to {args.out}", flush=True)
 
 
