@@ -37,6 +37,7 @@ from .rows_step import (
     draft_rows,
     uniform_processing,
 )
+from .schedule import Admission
 from .stats import PhaseTimer, SpecStats
 from .tree import DraftTree, rank_tree_shape
 
@@ -120,35 +121,19 @@ class BatchDecoder:
         memory budget); a refused request waits until a row finishes. A request carrying an `error`, or failing in
         its prefill, is yielded as failed and the others go on. `stats` holds the batch's phase times afterwards.
         """
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        admission = Admission(requests, batch_size, admit)
         single = self.single
         target = RowRunner(single.target.adapter, batch_size)
         draft = RowRunner(single.draft.adapter, batch_size)
         rows: list[_Row] = []
         self.stats = SpecStats()
         timer = PhaseTimer(self.stats, target.device)
-        source = iter(requests)
-        waiting: RowRequest | None = None
-        exhausted = False
         try:
             while True:
-                joining: list[RowRequest] = []
-                while len(rows) + len(joining) < batch_size and not exhausted:
-                    request = waiting if waiting is not None else next(source, None)
-                    waiting = None
-                    if request is None:
-                        exhausted = True
-                        break
-                    if request.error is not None:
-                        yield RowResult(request.key, None, None, request.error)
-                        continue
-                    in_flight = [row.request.positions for row in rows] + [r.positions for r in joining]
-                    if in_flight and admit is not None and not admit(in_flight, request.positions):
-                        waiting = request
-                        break
-                    joining.append(request)
-                for request, admitted in self._admit_all(joining, target, draft):
+                joining = admission.fill([row.request.positions for row in rows])
+                for request in joining.failed:
+                    yield RowResult(request.key, None, None, request.error)
+                for request, admitted in self._admit_all(joining.rows, target, draft):
                     if isinstance(admitted, Exception):
                         yield RowResult(request.key, None, None, admitted)
                     elif admitted.sink.finished:

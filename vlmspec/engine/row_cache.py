@@ -13,6 +13,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from .cache import SlabCache
 from .counting import arange
+from .schedule import compaction
 
 
 class _RowLayer(CacheLayerMixin):
@@ -141,16 +142,12 @@ class RowCache(Cache):
     def drop(self, rows: list[int]) -> list[int]:
         """Remove `rows` (finished sequences) so later forwards cost nothing for them: each freed slot takes the last
         row in flight. Returns the new order as old row indices."""
-        order = list(range(self.rows))
-        # Highest first: the last slot then always holds a row that stays.
-        for row in sorted(set(rows), reverse=True):
-            last = len(order) - 1
-            if row != last:
-                length = self.lengths[order[last]]
-                for slab in self._slabs.values():
-                    slab[:, row, :, :length].copy_(slab[:, last, :, :length])
-                order[row] = order[last]
-            order.pop()
+        moves, order = compaction(self.rows, rows)
+        lengths = list(self.lengths)
+        for source, slot in moves:
+            for slab in self._slabs.values():
+                slab[:, slot, :, : lengths[source]].copy_(slab[:, source, :, : lengths[source]])
+            lengths[slot] = lengths[source]
         self.lengths = [self.lengths[b] for b in order]
         return order
 
