@@ -100,6 +100,16 @@ def test_stream_decodes_each_prompt_as_its_own_generate_with_its_own_budget(fami
         assert result.stats.new_tokens == expected.shape[1] - family.cases[result.key]["input_ids"].shape[1]
 
 
+def test_prompts_that_finish_at_their_prefill_do_not_end_the_stream(qwen):
+    spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"], "chain")
+    items = [(f"one-{i}", qwen.cases["text"], {"max_new_tokens": 1}) for i in range(3)]
+    items.append(("more", qwen.cases["image"], {"max_new_tokens": 4}))
+    results = {r.key: r for r in spec.stream(items, batch_size=2, do_sample=False)}
+    assert sorted(results) == ["more", "one-0", "one-1", "one-2"]
+    expected = qwen.target.generate(**qwen.cases["image"], do_sample=False, max_new_tokens=4)
+    assert torch.equal(results["more"].sequence, expected)
+
+
 def test_a_finished_row_stops_costing(qwen):
     spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"], "chain")
     rows: list[int] = []

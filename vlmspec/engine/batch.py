@@ -141,8 +141,11 @@ class BatchDecoder:
                     else:
                         rows.append(admitted)
                 if not rows:
-                    timer.collect(wait=True)
-                    return
+                    if admission.exhausted:
+                        timer.collect(wait=True)
+                        return
+                    # Every prompt admitted this round finished at its prefill (or failed): admit the next ones.
+                    continue
                 self._step(rows, target, draft, timer)
                 done = [b for b, row in enumerate(rows) if row.sink.finished]
                 if done:
@@ -354,7 +357,7 @@ class BatchDecoder:
         draft_starts, target_starts = list(draft.lengths), list(target.lengths)
         processings = [row.settings.draft_processing for row in rows]
         samplers = [row.settings.sampler for row in rows]
-        sequences, draft_sequences, kept = self._row_sequences(rows, processings, samplers, target, draft)
+        sequences, draft_sequences, kept = self._row_sequences(rows, processings, samplers, target.device)
         with timer("drafting"):
             shape = rank_tree_shape(plan.paths, draft.device)
             max_depths = [row.settings.max_new_tokens - row.sink.new_tokens - 1 for row in rows]
@@ -450,25 +453,23 @@ class BatchDecoder:
         rows: list[_Row],
         processings: list[NodeProcessing | None],
         samplers: list[TargetSampler],
-        target: RowRunner,
-        draft: RowRunner,
+        device: torch.device,
     ) -> tuple[RowSequences, RowSequences, str]:
         """The rows' tokens so far, for the target's processors and the draft's, and where the step keeps the tokens
         it emits: nowhere on the device ("none") when no row processes its logits (the sinks write them when the rows
         finish), in the batch's `(B, T)` tensor ("batch") when the rows share one processing, else in each row's
-        sink ("sinks")."""
+        sink ("sinks"). Both stay on the target's `device`, where the config's processors were built."""
         target_processings = [s.processing for s in samplers]
         if uniform_processing(processings + target_processings):
             self._tokens.forget()
             return [None] * len(rows), [None] * len(rows), "none"
         if all(uniform_processing(g) or common_processing(g) is not None for g in (processings, target_processings)):
-            sequences = self._tokens.sequences(rows, target.device)
-            return sequences, sequences.to(draft.device).clamp_max(self.vocab_limit - 1), "batch"
+            sequences = self._tokens.sequences(rows, device)
+            return sequences, sequences.clamp_max(self.vocab_limit - 1), "batch"
         self._tokens.forget()
         sequences = [row.sink.sequence for row in rows]
         draft_sequences = [
-            s if p is None else s.to(draft.device).clamp_max(self.vocab_limit - 1)
-            for s, p in zip(sequences, processings, strict=True)
+            s if p is None else s.clamp_max(self.vocab_limit - 1) for s, p in zip(sequences, processings, strict=True)
         ]
         return sequences, draft_sequences, "sinks"
 

@@ -77,7 +77,8 @@ def proposal_log_probs_rows(
         log_probs = torch.log_softmax(logits.float(), dim=-1)
         return log_probs, log_probs
     if logits.device != sequences.device:
-        # A draft on another device than the target: the processors and the sequences live with the target.
+        # A draft on another device than the target: the config's processors were built on the target's device,
+        # where the sequences are kept, so the draft's logits are processed there.
         here = sequences.device
         moved = [None if t is None else t.to(here) for t in (tokens, ancestors)]
         log_probs, order = proposal_log_probs_rows(logits.to(here), processing, vocab_limit, sequences, *moved)
@@ -161,7 +162,8 @@ class Drafter:
         root = pending[-1]
         pending = pending.clamp_max(self.input_limit - 1)
         if processing is not None:
-            sequence = sequence.to(device).clamp_max(self.vocab_limit - 1)
+            # Left where the target's processors are (see proposal_log_probs_rows).
+            sequence = sequence.clamp_max(self.vocab_limit - 1)
         root_index = length + pending.shape[0] - 1
         depths = torch.arange(-pending.shape[0] + 1, 1, device=device)
         causal = torch.ones(pending.shape[0], pending.shape[0], dtype=torch.bool, device=device).tril_()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 
 class Request(Protocol):
@@ -14,38 +14,40 @@ class Request(Protocol):
     @property
     def positions(self) -> int: ...
 
-    error: BaseException | None
+    @property
+    def error(self) -> BaseException | None: ...
+
+
+R = TypeVar("R", bound=Request)
 
 
 @dataclass
-class Joining:
+class Joining(Generic[R]):
     """One round of admission: the requests that join the batch, and those that failed before decoding (they carry
-    an `error`; they take no row). Both in the source's order."""
+    an `error`; they take no row). Both in the source's order; the failed ones are reported when the round ends."""
 
-    rows: list = field(default_factory=list)
-    failed: list = field(default_factory=list)
+    rows: list[R] = field(default_factory=list)
+    failed: list[R] = field(default_factory=list)
 
 
-class Admission:
+class Admission(Generic[R]):
     """Admits requests from `source` into a batch of at most `batch_size` rows, in order. `admit(in_flight,
     positions)` may refuse a request of `positions` beside rows of `in_flight` positions (a memory budget); a refused
     request waits, first in line, until a row finishes. A request alone is always admitted (nothing would free
     memory for it)."""
 
-    def __init__(
-        self, source: Iterable[Request], batch_size: int, admit: Callable[[list[int], int], bool] | None = None
-    ):
+    def __init__(self, source: Iterable[R], batch_size: int, admit: Callable[[list[int], int], bool] | None = None):
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         self.batch_size = batch_size
         self.admit = admit
-        self._source: Iterator[Request] = iter(source)
-        self._waiting: Request | None = None
+        self._source: Iterator[R] = iter(source)
+        self._waiting: R | None = None
         self.exhausted = False
 
-    def fill(self, in_flight: list[int]) -> Joining:
+    def fill(self, in_flight: list[int]) -> Joining[R]:
         """The requests that join rows of `in_flight` positions now, up to the row limit and the budget."""
-        joining = Joining()
+        joining: Joining[R] = Joining()
         while len(in_flight) + len(joining.rows) < self.batch_size and not self.exhausted:
             request = self._waiting if self._waiting is not None else next(self._source, None)
             self._waiting = None
@@ -55,8 +57,8 @@ class Admission:
             if request.error is not None:
                 joining.failed.append(request)
                 continue
-            positions = in_flight + [r.positions for r in joining.rows]
-            if positions and self.admit is not None and not self.admit(positions, request.positions):
+            occupied = in_flight + [r.positions for r in joining.rows]
+            if occupied and self.admit is not None and not self.admit(occupied, request.positions):
                 self._waiting = request
                 break
             joining.rows.append(request)

@@ -2,7 +2,7 @@ r"""Train the bundled demo pair on the synthetic captioning suite and ship it in
 
     python -m vlmspec.eval.train_demo [--steps N] [--time-budget MINUTES] [--out DIR]
     python -m vlmspec.eval.train_demo --init-from vlmspec/demo_models --first-item 12800 --steps 400
-    python -m vlmspec.eval.train_demo --init-from vlmspec/demo_models --first-item 12800 --device cuda \
+    python -m vlmspec.eval.train_demo --init-from vlmspec/demo_models --first-item 21344 --device cuda \
         --long-video-share 0.5 --workers 12 --steps 600 --out DIR
 
 The second form continues training a saved pair on items it has not seen. The third does so on a GPU (bfloat16
