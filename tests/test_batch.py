@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import FAMILIES, on_device
 
-from vlmspec import MemoryBudgetError, SpeculativeVLM
+from vlmspec import MemoryBudgetError, SageConfig, SageGtConfig, SpeculativeVLM
 
 #: Rows of different prompt lengths: text, an image, a video and a long prompt.
 ROWS = ("text", "image", "video", "long_prompt")
@@ -59,6 +59,20 @@ def test_every_policy_decodes_a_padded_batch_exactly(policy, pruning):
     spec = SpeculativeVLM(family.target, family.drafts["independent"], policy, pruning=pruning)
     out = spec.generate(**batch, do_sample=False, max_new_tokens=NEW_TOKENS)
     assert_rows_equal_their_own_generate(family, batch, out, cases)
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [SageConfig(fixed_shapes=True), SageGtConfig(sage=SageConfig(fixed_shapes=True))],
+    ids=["sage", "sage-gt"],
+)
+def test_a_padded_batch_of_padded_trees_decodes_exactly(policy):
+    """Trees grown as levels of fixed slots (as on accelerators), every row's real slots read at once."""
+    family = FAMILIES["qwen2_5_vl"]
+    batch = padded_batch(family)
+    spec = SpeculativeVLM(family.target, family.drafts["noisy"], policy)
+    out = spec.generate(**batch, do_sample=False, max_new_tokens=NEW_TOKENS)
+    assert_rows_equal_their_own_generate(family, batch, out, ROWS)
 
 
 @pytest.mark.parametrize(

@@ -139,3 +139,31 @@ def test_causal_mask_for_pending_tokens_sees_cache_and_earlier_tokens():
         [True, True, True, True, False],
         [True, True, True, True, True],
     ]
+
+
+def padded_tree_builder() -> TreeBuilder:
+    """root(10) -> a(11), padding(0); a -> c(13), padding(0): two padded levels of two slots each."""
+    builder = TreeBuilder(8, torch.device("cpu"))
+    builder.start(torch.tensor(10))
+    valid = torch.tensor([True, False])
+    builder.add_level(
+        torch.tensor([0, 0]), torch.tensor([11, 0]), torch.tensor([-0.1, -5.0]), torch.tensor([0, 1]), valid
+    )
+    builder.add_level(
+        torch.tensor([1, 1]), torch.tensor([13, 0]), torch.tensor([-0.3, -6.0]), torch.tensor([0, 1]), valid
+    )
+    return builder
+
+
+def test_a_padded_tree_drops_its_padding_slots_when_finished():
+    tree, greedy_depth, slots = padded_tree_builder().finish()
+    assert tree.tokens.tolist() == [10, 11, 13] and tree.parents.tolist() == [-1, 0, 1]
+    assert slots.tolist() == [0, 1, 3] and int(greedy_depth) == 2 and tree.depth == 2
+
+
+def test_a_padded_tree_finished_from_the_hosts_copy_of_its_slots_is_the_same_tree():
+    read_tree, read_depth, read_slots = padded_tree_builder().finish()
+    tree, depth, slots = padded_tree_builder().finish([True, True, False, True, False])
+    assert torch.equal(tree.tokens, read_tree.tokens) and torch.equal(tree.parents, read_tree.parents)
+    assert torch.equal(tree.ancestors, read_tree.ancestors) and tree.depth == read_tree.depth
+    assert torch.equal(depth, read_depth) and torch.equal(slots, read_slots)

@@ -24,7 +24,7 @@ from ..policies import BatchShape, RankTreePlan, TreePlan, TreePolicy
 from ..pruning import VerifierScores, scoring
 from .choice import NodeProcessing, TargetSampler
 from .commit import plan_commit, plan_commit_rows
-from .draft import Drafted, Drafter
+from .draft import Drafted, Drafter, SlotsRead
 from .loop import DecodeSettings, Prefilled, SpeculativeDecoder, TokenSink, observe_step
 from .report import RowStep, StepReport, accept_rows
 from .row_runner import RowForward, RowRunner
@@ -517,8 +517,9 @@ class BatchDecoder:
         self._pending = ([row.pending for row in rows], plan.pending, plan.pending_counts)
 
     def _draft(self, rows: list[_Row], plans: list[TreePlan], draft: RowRunner) -> tuple[list[Drafted], int, int]:
-        """Grow every row's tree, one batched draft forward per level (rows whose tree is done feed nothing); returns
-        the trees, the draft forwards and the tokens they carried (padding included)."""
+        """Grow every row's tree, one batched draft forward per level (rows whose tree is done feed nothing), then read
+        which slots of every padded tree are real at once; returns the trees, the draft forwards and the tokens they
+        carried (padding included)."""
         lengths = draft.lengths
         growing = []
         for b, row in enumerate(rows):
@@ -527,20 +528,32 @@ class BatchDecoder:
             growing.append(
                 row.drafter.steps(row.pending, plans[b], sink.sequence, lengths[b], settings.draft_processing, depth)
             )
-        requests: list[RowForward | None] = [next(steps) for steps in growing]
+        requests: list[RowForward | SlotsRead | None] = [next(steps) for steps in growing]
         drafted: list[Drafted | None] = [None] * len(rows)
         forwards = tokens = 0
-        while any(r is not None for r in requests):
+        while any(isinstance(r, RowForward) for r in requests):
+            feeding = [r if isinstance(r, RowForward) else None for r in requests]
             forwards += 1
-            tokens += len(rows) * max(r.tokens.shape[0] for r in requests if r is not None)
-            logits = draft.forward(requests)
+            tokens += len(rows) * max(r.tokens.shape[0] for r in feeding if r is not None)
+            logits = draft.forward(feeding)
             for b, steps in enumerate(growing):
-                if requests[b] is None:
+                if feeding[b] is None:
                     continue
                 try:
                     requests[b] = steps.send(logits[b])
                 except StopIteration as grown:
                     drafted[b], requests[b] = grown.value, None
+        reading = [b for b, r in enumerate(requests) if isinstance(r, SlotsRead)]
+        if reading:
+            # Every padded tree's real slots in one read.
+            valid = torch.cat([requests[b].valid for b in reading]).tolist()
+            for b in reading:
+                n = requests[b].valid.shape[0]
+                try:
+                    growing[b].send(valid[:n])
+                except StopIteration as grown:
+                    drafted[b] = grown.value
+                valid = valid[n:]
         return drafted, forwards, tokens
 
     def _accept(

@@ -92,6 +92,14 @@ def proposal_log_probs_rows(
     return log_probs, torch.where(log_probs > -torch.inf, log_probs.clamp_min(-_RANK_FLOOR), cut)
 
 
+@dataclass
+class SlotsRead:
+    """The last request of a padded tree's growth: which of its slots are real, `valid` (n,) on the device, to be read
+    on the host and sent back as a list of bools (a batch reads every row's in one read)."""
+
+    valid: torch.Tensor
+
+
 class Drafter:
     """Feeds the pending tokens, then each tree level, to the draft; the plan picks children from its top-k.
 
@@ -134,10 +142,13 @@ class Drafter:
         steps = self.steps(pending, plan, sequence, runner.length, processing, max_depth)
         request = next(steps)
         while True:
-            bias = additive_mask(request.visible, runner.dtype)
-            logits = runner.forward(request.tokens, request.depths, bias, request.base_index)
+            if isinstance(request, SlotsRead):
+                answer = request.valid.tolist()
+            else:
+                bias = additive_mask(request.visible, runner.dtype)
+                answer = runner.forward(request.tokens, request.depths, bias, request.base_index)
             try:
-                request = steps.send(logits)
+                request = steps.send(answer)
             except StopIteration as grown:
                 return grown.value
 
@@ -149,9 +160,10 @@ class Drafter:
         length: int,
         processing: NodeProcessing | None = None,
         max_depth: int | None = None,
-    ) -> Generator[RowForward, torch.Tensor, Drafted]:
+    ) -> Generator[RowForward | SlotsRead, torch.Tensor | list[bool], Drafted]:
         """`grow` as a generator: yields each draft forward it needs over a cache of `length` positions, is sent that
-        forward's logits (q, V), and returns the tree; so many rows' trees can grow through one batched forward."""
+        forward's logits (q, V), and returns the tree; so many rows' trees can grow through one batched forward. A
+        padded tree yields a last `SlotsRead` and is sent its slots' host values, so many rows read theirs at once."""
         masked = plan.masked if plan.masked is not None else self.runner.device.type != "cpu"
         depth = plan.levels(masked) if max_depth is None else max(0, min(plan.levels(masked), max_depth))
         slots = plan.max_nodes * (depth if masked else 1)
@@ -208,5 +220,6 @@ class Drafter:
                 logits, processing, sequence, None if processing is None else builder.ancestors[new, : builder.size]
             )
             cached_depth = level
-        tree, greedy_depth, slots = builder.finish()
+        real = (yield SlotsRead(builder.valid[: builder.size])) if builder.masked else None
+        tree, greedy_depth, slots = builder.finish(real)
         return Drafted(tree, root_log_probs, cached_depth, greedy_depth, forwards, fed_tokens, slots)

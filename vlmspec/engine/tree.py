@@ -276,18 +276,20 @@ class TreeBuilder:
             depth=self.levels,
         )
 
-    def finish(self) -> tuple[DraftTree, torch.Tensor, torch.Tensor | None]:
+    def finish(self, valid: list[bool] | None = None) -> tuple[DraftTree, torch.Tensor, torch.Tensor | None]:
         """The tree grown so far, how deep the draft's own top-1 path reaches in it (on the device: the deepest node
         whose path is all rank-0 children), and, when levels were padded, the slot of each of its nodes.
 
-        Without padding the tree is a view (valid until the next `start`). With padding, the one read of which slots
-        are real gives the tree's size, and its nodes are gathered in order.
+        Without padding the tree is a view (valid until the next `start`). With padding, which slots are real (the
+        host's `valid`, or one read of them) gives the tree's size, and its nodes are gathered in order.
         """
         n = self.size
         if not self.masked:
             tree = self.build()
             return tree, _greedy_depth(self.ranks[:n], tree.ancestors, tree.depths), None
-        real = [i for i, keep in enumerate(self.valid[:n].tolist()) if keep]
+        if valid is None:
+            valid = self.valid[:n].tolist()
+        real = [i for i, keep in enumerate(valid) if keep]
         slots = torch.tensor(real, device=self.tokens.device)
         new_index = torch.zeros(n, dtype=torch.long)
         new_index[real] = torch.arange(len(real))
