@@ -6,7 +6,7 @@ import torch
 
 from vlmspec.engine.accept import accept_greedy
 from vlmspec.engine.cache import SlabCache
-from vlmspec.engine.tree import TreeBuilder, rank_tree_shape
+from vlmspec.engine.tree import DraftTree, TreeBuilder, rank_tree_shape
 from vlmspec.policies import SPECVLM_TREE, RankTreePlan
 
 
@@ -167,3 +167,31 @@ def test_a_padded_tree_finished_from_the_hosts_copy_of_its_slots_is_the_same_tre
     assert torch.equal(tree.tokens, read_tree.tokens) and torch.equal(tree.parents, read_tree.parents)
     assert torch.equal(tree.ancestors, read_tree.ancestors) and tree.depth == read_tree.depth
     assert torch.equal(depth, read_depth) and torch.equal(slots, read_slots)
+
+
+def grow(builder: TreeBuilder, levels: list[tuple[torch.Tensor, torch.Tensor]], root: int = 10) -> DraftTree:
+    """Grow `levels` of (frontier rows, ranks), passing them as the levels' structure, as the drafter does."""
+    builder.start(torch.tensor(root))
+    frontier_start = 0
+    for rows, ranks in levels:
+        tokens = torch.arange(rows.shape[0]) + 100 * builder.levels + root
+        new = builder.add_level(
+            rows + frontier_start, tokens, -torch.rand(rows.shape[0]), ranks, structure=(rows, ranks)
+        )
+        frontier_start = new.start
+    return builder.build()
+
+
+def test_a_reused_builder_grows_each_tree_as_a_fresh_one_would():
+    """Levels whose structure objects repeat keep their shape; a changed level rewrites itself and all below it."""
+    first = (torch.tensor([0, 0]), torch.tensor([0, 1]))
+    child_a = (torch.tensor([0]), torch.tensor([0]))  # below node 1
+    child_b = (torch.tensor([1]), torch.tensor([0]))  # below node 2
+    last = (torch.tensor([0]), torch.tensor([0]))
+    builder = TreeBuilder(8, torch.device("cpu"))
+    for levels in ([first, child_a, last], [first, child_b, last], [first, child_a, last], [first, child_a]):
+        tree = grow(builder, levels)
+        fresh = grow(TreeBuilder(8, torch.device("cpu")), levels)
+        for field in ("tokens", "parents", "depths", "ancestors"):
+            assert torch.equal(getattr(tree, field), getattr(fresh, field)), field
+    assert grow(builder, [first, child_b, last]).ancestors[4].tolist() == [True, False, True, True, True]

@@ -205,9 +205,10 @@ class Drafter:
             new = builder.add_level(
                 rows + frontier.start,
                 top[rows, ranks],
-                parent_log_probs[rows] + top_log_probs[rows, ranks],
+                (parent_log_probs[:, None] + top_log_probs)[rows, ranks],
                 ranks,
                 valid,
+                structure=(rows, ranks),
             )
             full = not masked and builder.size - 1 >= plan.max_nodes
             if level == depth or full or (not masked and not plan.grows(level)):

@@ -18,6 +18,10 @@ def additive_mask(visible: torch.Tensor, dtype: torch.dtype, prefix_len: int = 0
     With no prefix it is the block form the tree attention takes: it covers the last k keys, all before are seen.
     """
     q, k = visible.shape
+    if prefix_len == 0:
+        return torch.full((1, 1, q, k), torch.finfo(dtype).min, dtype=dtype, device=visible.device).masked_fill_(
+            visible, 0.0
+        )
     bias = torch.zeros((1, 1, q, prefix_len + k), dtype=dtype, device=visible.device)
     bias[0, 0, :, prefix_len:].masked_fill_(visible.logical_not(), torch.finfo(dtype).min)
     return bias
@@ -203,7 +207,12 @@ def rank_tree_shape(paths: Sequence[Sequence[int]], device: torch.device) -> Tre
 
 
 class TreeBuilder:
-    """Grows a tree level by level into preallocated buffers, so adding a level is a few tensor writes."""
+    """Grows a tree level by level into preallocated buffers, so adding a level is a few tensor writes.
+
+    A level added with the `structure` of the same level of the last tree (the same plan's cached parent rows and
+    ranks, at the same place) keeps the parents, depths, ranks and ancestors it already holds and writes only its
+    tokens and path log-probabilities: a fixed tree (a chain, a static tree) rewrites its shape only once.
+    """
 
     def __init__(self, capacity: int, device: torch.device):
         self.capacity = capacity + 1
@@ -214,6 +223,10 @@ class TreeBuilder:
         self.ranks = torch.zeros(self.capacity, dtype=torch.long, device=device)
         self.valid = torch.ones(self.capacity, dtype=torch.bool, device=device)
         self.ancestors = torch.zeros(self.capacity, self.capacity, dtype=torch.bool, device=device)
+        # The root (node 0) keeps parent -1, depth 0, path log-probability 0 and only itself as ancestor: no level
+        # writes node 0, and every level's ancestor rows are whole copies of their parents' rows.
+        self.ancestors[0, 0] = True
+        self._structures: list[tuple] = []
         self.size = 0
         self.levels = 0
         self.level_ends: list[int] = []
@@ -221,12 +234,7 @@ class TreeBuilder:
 
     def start(self, root_token: torch.Tensor) -> None:
         """Reset to a single root node holding `root_token`."""
-        self.ancestors.zero_()
         self.tokens[0] = root_token
-        self.parents[0] = -1
-        self.depths[0] = 0
-        self.log_probs[0] = 0.0
-        self.ancestors[0, 0] = True
         self.size = 1
         self.levels = 0
         self.level_ends = [1]
@@ -239,27 +247,36 @@ class TreeBuilder:
         log_probs: torch.Tensor,
         ranks: torch.Tensor,
         valid: torch.Tensor | None = None,
+        structure: tuple | None = None,
     ) -> slice:
         """Append the next level: children of `parents` (nodes of the last level) with draft rank `ranks`; returns
         the new nodes' slice. Slots not `valid` are padding: their path log-probability is -inf, and `finish()` drops
-        them."""
+        them. `structure` (objects compared by identity, e.g. a plan's cached index tensors) says the level's shape
+        is the one the last tree had here when they are the same objects."""
         m = parents.shape[0]
         if self.size + m > self.capacity:
             raise ValueError(f"tree capacity {self.capacity - 1} exceeded")
         new = slice(self.size, self.size + m)
+        level = self.levels
         self.levels += 1
         self.tokens[new] = tokens
-        self.parents[new] = parents
-        self.depths[new] = self.levels
+        key = None if structure is None else (structure, new.start, m)
+        kept = self._structures[level] if level < len(self._structures) else None
+        if not _same_structure(kept, key):
+            del self._structures[level:]
+            self.parents[new] = parents
+            self.depths[new] = self.levels
+            self.ranks[new] = ranks
+            self.ancestors[new] = self.ancestors[parents]
+            self.ancestors[new, new].fill_diagonal_(True)
+            if key is not None:
+                self._structures.append(key)
         if valid is None:
             self.log_probs[new] = log_probs
         else:
             self.log_probs[new] = log_probs.masked_fill(~valid, -torch.inf)
             self.valid[new] = valid
             self.masked = True
-        self.ranks[new] = ranks
-        self.ancestors[new] = self.ancestors[parents]
-        self.ancestors[new, new].fill_diagonal_(True)
         self.size += m
         self.level_ends.append(self.size)
         return new
@@ -313,6 +330,13 @@ class TreeBuilder:
             if slot < end:
                 return level
         return self.levels
+
+
+def _same_structure(kept: tuple | None, key: tuple | None) -> bool:
+    """Whether a level's `key` (its structure objects, start and size) is the one `kept` from the last tree."""
+    if kept is None or key is None or kept[1:] != key[1:] or len(kept[0]) != len(key[0]):
+        return False
+    return all(a is b for a, b in zip(kept[0], key[0], strict=True))
 
 
 def _greedy_depth(ranks: torch.Tensor, ancestors: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
