@@ -7,7 +7,7 @@ import torch
 from vlmspec.engine.accept import accept_greedy
 from vlmspec.engine.cache import SlabCache
 from vlmspec.engine.tree import DraftTree, TreeBuilder, rank_tree_shape
-from vlmspec.policies import SPECVLM_TREE, RankTreePlan
+from vlmspec.policies import SPECVLM_TREE, RankTreePlan, resolve_policy
 
 
 def small_tree():
@@ -195,3 +195,12 @@ def test_a_reused_builder_grows_each_tree_as_a_fresh_one_would():
         for field in ("tokens", "parents", "depths", "ancestors"):
             assert torch.equal(getattr(tree, field), getattr(fresh, field)), field
     assert grow(builder, [first, child_b, last]).ancestors[4].tolist() == [True, False, True, True, True]
+
+
+def test_a_batchs_rows_share_their_policys_fixed_plan():
+    """Each row gets its own copy of the policy; a fixed plan never changes, so the copies share it (and no row
+    copies the plan's device tensors)."""
+    policy = resolve_policy("static-tree")
+    policy.plan().select(1, torch.zeros(1), torch.zeros(1, 4), 25)
+    rows = [policy.for_row() for _ in range(3)]
+    assert all(row is not policy and row.plan() is policy.plan() for row in rows)

@@ -117,6 +117,11 @@ class RankTreePlan(TreePlan):
         self._device_children: dict[torch.device, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self._width = float(sum(len(p) == 1 for p in self.paths))
 
+    def __deepcopy__(self, memo: dict) -> RankTreePlan:
+        """The plan itself: it never changes (its device tensors are caches), so the copies of a policy made for a
+        batch's rows share it, and no row copies its tensors."""
+        return self
+
     @property
     def width(self) -> float:
         return self._width
