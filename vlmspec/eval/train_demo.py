@@ -140,12 +140,19 @@ def train_step(model, optimizer, batch: dict[str, torch.Tensor], device: torch.d
 
 
 @torch.no_grad()
-def evaluate(model, processor, suite: str, n: int, device: torch.device, max_new_tokens: int = 220) -> dict[str, float]:
-    """Accuracy of the model's greedy captions (in float32, on `device`) on the bench's first `n` held-out items of
-    `suite`."""
+def held_out_inputs(processor, suite: str, n: int) -> list[tuple[Item, dict[str, torch.Tensor]]]:
+    """The bench's first `n` held-out items of `suite`, each with its processed inputs (made once, for every model
+    evaluated on them)."""
+    return list(zip(suite_items(suite, n), suite_inputs(processor, suite, n), strict=True))
+
+
+def evaluate(
+    model, processor, held_out: list[tuple[Item, dict[str, torch.Tensor]]], device: torch.device, max_new_tokens: int
+) -> dict[str, float]:
+    """Accuracy of the model's greedy captions (in float32, on `device`) on `held_out` items and their inputs."""
     model.eval()
     scores = []
-    for item, inputs in zip(suite_items(suite, n), suite_inputs(processor, suite, n), strict=True):
+    for item, inputs in held_out:
         inputs = {k: v.to(device) for k, v in inputs.items()}
         ids = model.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens)
         text = processor.tokenizer.decode(ids[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
@@ -277,11 +284,9 @@ def main() -> None:
         log["peak_gpu_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
         print(f"peak GPU memory in training: {log['peak_gpu_memory_gib']:.2f} GiB", flush=True)
     started = time.perf_counter()
+    held_out = {suite: held_out_inputs(processor, suite, args.eval_items) for suite in SUITES}
     log["held_out_accuracy"] = {
-        name: {
-            suite: evaluate(model, processor, suite, args.eval_items, device, args.eval_max_new_tokens)
-            for suite in SUITES
-        }
+        name: {suite: evaluate(model, processor, held_out[suite], device, args.eval_max_new_tokens) for suite in SUITES}
         for name, model in models.items()
     }
     log["eval_minutes"] = round((time.perf_counter() - started) / 60, 1)
