@@ -8,7 +8,7 @@ from functools import cache
 import torch
 from conftest import FAMILIES
 
-from vlmspec import SpecStats, SpeculativeVLM
+from vlmspec import SageGtConfig, SpecStats, SpeculativeVLM
 from vlmspec.testing.distribution import GTest, continuations, eos_ids, exact_continuations, g_test
 
 SAMPLES = 2000
@@ -28,8 +28,9 @@ def exact(case: str, warp: str) -> dict[tuple[int, ...], float]:
     return exact_continuations(FAMILY.target, FAMILY.cases[case], NEW_TOKENS, MIN_MASS[warp], **WARPS[warp])
 
 
-def speculative_test(policy: str, draft: str, case: str, warp: str) -> tuple[GTest, SpecStats]:
-    """G test of SAMPLES continuations drawn by SpeculativeVLM (from one prefill) against the exact distribution."""
+def speculative_test(policy: str | SageGtConfig, draft: str, case: str, warp: str) -> tuple[GTest, SpecStats]:
+    """G test of SAMPLES continuations drawn by SpeculativeVLM (from one prefill, decoded together) against the exact
+    distribution."""
     inputs = FAMILY.cases[case]
     spec = SpeculativeVLM(FAMILY.target, FAMILY.drafts[draft], policy=policy)
     sequences = spec.generate(
@@ -42,3 +43,19 @@ def speculative_test(policy: str, draft: str, case: str, warp: str) -> tuple[GTe
     )
     samples = continuations(sequences, inputs["input_ids"].shape[1], eos_ids(FAMILY.target, {}))
     return g_test(samples, exact(case, warp)), spec.last_stats
+
+
+def alone_test(policy: str, draft: str, case: str, warp: str) -> tuple[GTest, list[SpecStats]]:
+    """G test of SAMPLES continuations each drawn by a call of its own (the one-sequence decoder), from one generator,
+    against the exact distribution; returns each call's statistics too."""
+    inputs = FAMILY.cases[case]
+    spec = SpeculativeVLM(FAMILY.target, FAMILY.drafts[draft], policy=policy)
+    generator = torch.Generator().manual_seed(0)
+    samples, stats = [], []
+    for _ in range(SAMPLES):
+        sequence = spec.generate(
+            **inputs, do_sample=True, max_new_tokens=NEW_TOKENS, generator=generator, **WARPS[warp]
+        )
+        samples += continuations(sequence, inputs["input_ids"].shape[1], eos_ids(FAMILY.target, {}))
+        stats.append(spec.last_stats)
+    return g_test(samples, exact(case, warp)), stats

@@ -3,13 +3,16 @@ child or draw the bonus token from p instead of p' fail it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import pytest
 import torch
 from sampling_cases import ALPHA, FAMILY, NEW_TOKENS, SAMPLES, WARPS, exact, speculative_test
 
 import vlmspec.engine.choice
+import vlmspec.engine.rows_step
 from vlmspec.engine.accept import Verdict, accept_sampled, deepest, draw
-from vlmspec.engine.tree import DraftTree
+from vlmspec.engine.tree import DraftTree, TreeRows
 from vlmspec.testing.distribution import continuations, eos_ids, g_test
 
 
@@ -43,10 +46,33 @@ def _bonus_from_p(tree: DraftTree, probs: torch.Tensor, generator: torch.Generat
     return Verdict(verdict.path, verdict.accepted, draw(probs[last], generator))
 
 
+def _row_by_row(rule: Callable[..., Verdict]) -> Callable[..., Verdict]:
+    """`rule` as the batch's rule (`accept_sampled_rows`): applied to each row's valid tree alone."""
+
+    def rows_rule(
+        trees: TreeRows,
+        probs: torch.Tensor,
+        generators: Sequence[torch.Generator | None] | None = None,
+        sizes: Sequence[int] | None = None,
+    ) -> Verdict:
+        verdicts = []
+        for b in range(probs.shape[0]):
+            n = trees.size if sizes is None else sizes[b]
+            tree = trees.row(b, n, int(trees.depths[:n].max()))
+            verdict = rule(tree, probs[b, :n], None if generators is None else generators[b])
+            path = torch.zeros(trees.depth + 1, dtype=torch.long, device=probs.device)
+            path[: verdict.path.shape[0]] = verdict.path
+            verdicts.append(Verdict(path, verdict.accepted, verdict.bonus))
+        return Verdict(*(torch.stack([getattr(v, name) for v in verdicts]) for name in ("path", "accepted", "bonus")))
+
+    return rows_rule
+
+
 @pytest.mark.parametrize(
     "rule, policy", [(_always_first_child, "sage"), (_bonus_from_p, "chain")], ids=["first_child", "bonus_from_p"]
 )
 def test_the_harness_rejects_a_biased_sampler(monkeypatch, rule, policy):
     monkeypatch.setattr(vlmspec.engine.choice, "accept_sampled", rule)
+    monkeypatch.setattr(vlmspec.engine.rows_step, "accept_sampled_rows", _row_by_row(rule))
     result, _ = speculative_test(policy, "noisy", "image", "top_k_top_p")
     assert result.impossible == 0 and not result.passes(ALPHA)

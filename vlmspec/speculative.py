@@ -208,7 +208,8 @@ class SpeculativeVLM:
 
         Greedy decoding gives the same token ids; sampling draws from the same distribution, from `generator` if
         given, else from the global RNG as `generate` does (so `torch.manual_seed` makes a call repeatable).
-        `num_return_sequences=n` draws n continuations from one prefill of the prompt, padded as `generate` pads.
+        `num_return_sequences=n` draws n continuations from one prefill of the prompt, decoded together as a batch's
+        rows (as `generate` expands its batch), padded as `generate` pads.
         """
         if input_ids is None:
             raise ValueError("generate() needs input_ids (what the target's processor returned)")
@@ -240,19 +241,21 @@ class SpeculativeVLM:
                     "pass one prompt to stream, or no streamer for a batch"
                 )
             sequences = self._generate_rows(target_inputs, settings)
-        else:
-            if streamer is not None and settings.num_sequences > 1:
+        elif settings.num_sequences > 1:
+            if streamer is not None:
                 raise ValueError("a streamer follows one sequence: pass num_return_sequences=1 to stream")
+            sequences = self._generate_rows(target_inputs, settings)
+        else:
             draft_inputs = _to_device(model_inputs, self._draft_runner.device)
-            continuations, self.last_stats = self._decoder.run(target_inputs, draft_inputs, settings, streamer)
-            sequences = _pad(continuations, settings.pad_token_id)
+            sequences, self.last_stats = self._decoder.run(target_inputs, draft_inputs, settings, streamer)
         if return_dict or (return_dict is None and self.target.generation_config.return_dict_in_generate):
             return GenerateDecoderOnlyOutput(sequences=sequences)
         return sequences
 
     def _generate_rows(self, inputs: dict[str, torch.Tensor], settings: Any) -> torch.Tensor:
-        """A padded batch decoded together: each row (its `num_return_sequences` draws in turn) as its own sequence,
-        its output the row's padded prompt and its new tokens, padded after EOS as `generate` pads."""
+        """A padded batch, or one prompt's several draws, decoded together: each row's `num_return_sequences` draws
+        (sharing the row's prefill) as sequences of their own, each output the row's padded prompt and its new
+        tokens, padded after EOS as `generate` pads."""
         rows = self._target_runner.adapter.split_rows(inputs)
         draft_device = self._draft_runner.device
         requests = [
@@ -336,8 +339,8 @@ class SpeculativeVLM:
             if request.error is not None:
                 yield RowResult(request.key, None, None, request.error)
                 continue
-            sequences, stats = self._decoder.run(request.target_inputs, request.draft_inputs, request.settings)
-            yield RowResult(request.key, sequences[0], stats)
+            sequence, stats = self._decoder.run(request.target_inputs, request.draft_inputs, request.settings)
+            yield RowResult(request.key, sequence, stats)
 
     @torch.inference_mode()
     def warm_up(self, max_new_tokens: int = 128, **inputs: Any) -> float:

@@ -291,7 +291,7 @@ class BatchDecoder:
         row.sink.emit(first[None])
         if row.sink.finished:
             return row
-        if prefill.draft_length is None:
+        if not prefill.drafted:
             single.prefill_draft(prefill, row.stats, timer)
         timer.collect(wait=True)
         target.append(single.target, settings.max_new_tokens)

@@ -125,19 +125,18 @@ class TokenSink:
 
 
 class Prefilled:
-    """What both models' prompt passes leave behind, shared by every continuation of one call."""
+    """What both models' prompt passes leave behind: the target's last logits and the pruning that shaped the draft's
+    prompt. Draws of one prompt admitted one after another share it (`drafted` says the draft's pass ran)."""
 
     def __init__(self, target_inputs: dict[str, Any], draft_inputs: dict[str, Any], room: int):
         self.target_inputs = target_inputs
         self.room = room
         self.draft_inputs = draft_inputs
-        self.logits: torch.Tensor | None = None
-        self.target_length = 0
-        self.draft_length: int | None = None
+        self.logits = torch.empty(0)
+        self.drafted = False
         self.prune = False
-        self.layout = None
+        self.layout: VisualLayout | None = None
         self.scores: torch.Tensor | None = None
-        self.nothing = torch.empty(0, dtype=torch.long, device=target_inputs["input_ids"].device)
 
 
 class SpeculativeDecoder:
@@ -164,27 +163,24 @@ class SpeculativeDecoder:
         draft_inputs: dict[str, Any],
         settings: DecodeSettings,
         streamer: Any = None,
-    ) -> tuple[list[torch.Tensor], SpecStats]:
-        """Generate `settings.num_sequences` continuations of one prompt, prefilled once; returns each as the prompt
-        followed by its new tokens (1, L + n_i), and the call's statistics (summed over the continuations)."""
+    ) -> tuple[torch.Tensor, SpecStats]:
+        """Generate one continuation of one prompt; returns the prompt followed by its new tokens (1, L + n) and the
+        call's statistics. Several draws of a prompt (`num_sequences`) decode together, as a batch's rows."""
         started = time.perf_counter()
         stats = SpecStats()
         timer = PhaseTimer(stats, self.target.device)
-        prompt = target_inputs["input_ids"]
-        sequences = []
-        prefill = Prefilled(target_inputs, draft_inputs, settings.max_new_tokens)
-        for _ in range(settings.num_sequences):
-            sink = TokenSink(prompt, settings, streamer)
-            try:
-                if not sink.finished:
-                    self._decode(prefill, settings, sink, stats, timer)
-            finally:
-                sink.close()
-            stats.new_tokens += sink.new_tokens
-            sequences.append(sink.sequence)
+        sink = TokenSink(target_inputs["input_ids"], settings, streamer)
+        try:
+            if not sink.finished:
+                self._decode(
+                    Prefilled(target_inputs, draft_inputs, settings.max_new_tokens), settings, sink, stats, timer
+                )
+        finally:
+            sink.close()
+        stats.new_tokens = sink.new_tokens
         timer.collect(wait=True)
         stats.finish(time.perf_counter() - started)
-        return sequences, stats
+        return sink.sequence, stats
 
     def prefill_target(self, prefill: Prefilled, stats: SpecStats, timer: PhaseTimer) -> None:
         """Run the target over the prompt, scoring the visual tokens for the draft's pruning on the way."""
@@ -198,7 +194,6 @@ class SpeculativeDecoder:
             prefill.logits = target.prefill(prefill.target_inputs, room=prefill.room)
         with timer("target_prefill"):
             target.check_compiled(prefill.logits)
-        prefill.target_length = target.length
         stats.target_prefill_tokens = target.length
         if scorer is not None:
             stats.phase_seconds["target_prefill"] -= scorer.seconds
@@ -222,26 +217,20 @@ class SpeculativeDecoder:
                 keep = self.draft_keep(prefill.target_inputs, prefill.layout, prefill.scores)
         with timer("draft_prefill"):
             draft.check_compiled(draft.prefill(prefill.draft_inputs, keep, room=prefill.room))
-        prefill.draft_length = draft.length
+        prefill.drafted = True
         stats.draft_prefill_tokens = draft.length
 
     def _decode(
         self, prefill: Prefilled, settings: DecodeSettings, sink: TokenSink, stats: SpecStats, timer: PhaseTimer
     ) -> None:
         target, draft, policy = self.target, self.draft, self.policy
-        if prefill.logits is None:
-            self.prefill_target(prefill, stats, timer)
-        else:
-            target.keep(prefill.target_length, prefill.nothing)
+        self.prefill_target(prefill, stats, timer)
         with timer("acceptance"):
             first = settings.sampler.first(prefill.logits, sink.sequence)
         sink.emit(first[None])
         if sink.finished:
             return
-        if prefill.draft_length is None:
-            self.prefill_draft(prefill, stats, timer)
-        else:
-            draft.keep(prefill.draft_length, prefill.nothing.to(draft.device))
+        self.prefill_draft(prefill, stats, timer)
         policy.reset()
         pending = first[None].to(draft.device)
         while not sink.finished:
