@@ -114,14 +114,22 @@ def draft_rows(
     cached_depth, forwards, fed_tokens = 0, 1, rows * fed.shape[1]
     for level in range(1, depth + 1):
         frontier, new = shape.level(level - 1), shape.level(level)
-        parent_rows, ranks = shape.children[level - 1]
-        top = child_order.topk(top_k, dim=-1).indices
-        top_log_probs = child_log_probs.gather(-1, top)
-        tokens[:, new] = top[:, parent_rows, ranks]
-        if level == 1:  # the root's path log-probability is 0
-            log_probs[:, new] = top_log_probs[:, parent_rows, ranks]
+        top = child_order.topk(top_k, dim=-1)
+        # Ranked by the log-probabilities themselves (no warpers), the top values are theirs.
+        top_log_probs = top.values if child_order is child_log_probs else child_log_probs.gather(-1, top.indices)
+        count = shape.full[level - 1]
+        if count is not None:  # every frontier node's first `count` ranks, in order: views, no gather
+            level_tokens = tokens[:, new].view(rows, -1, count)
+            level_tokens.copy_(top.indices[:, :, :count])
+            picked, level_log_probs = top_log_probs[:, :, :count], log_probs[:, new].view(rows, -1, count)
+            parents = log_probs[:, frontier, None]
         else:
-            log_probs[:, new] = log_probs[:, frontier][:, parent_rows] + top_log_probs[:, parent_rows, ranks]
+            parent_rows, ranks = shape.children[level - 1]
+            tokens[:, new] = top.indices[:, parent_rows, ranks]
+            picked, level_log_probs = top_log_probs[:, parent_rows, ranks], log_probs[:, new]
+            parents = log_probs[:, frontier][:, parent_rows]
+        # The root's path log-probability is 0.
+        level_log_probs.copy_(picked if level == 1 else parents + picked)
         if level == depth:
             break
         visible = shape.block(new, slice(1, new.stop))

@@ -127,9 +127,10 @@ class TreeRows:
 @dataclass
 class TreeShape:
     """The structure a fixed tree of rank paths gives every row's tree: node i's parent, depth, ancestors and draft
-    rank, and per level the new nodes as (frontier row, rank) pairs over the level above. Nodes are in the order
-    `TreeBuilder` grows them: level by level, each level by parent, then rank. `blocks` keeps what steps derive from
-    the structure alone (visibility blocks, greedy depths), made once."""
+    rank, and per level the new nodes as (frontier row, rank) pairs over the level above; `full[l - 1]` is c when
+    level l gives every frontier node its ranks 0..c-1 (a chain's levels; its children are then a view of the top-c),
+    else None. Nodes are in the order `TreeBuilder` grows them: level by level, each level by parent, then rank.
+    `blocks` keeps what steps derive from the structure alone (visibility blocks, greedy depths), made once."""
 
     parents: torch.Tensor
     depths: torch.Tensor
@@ -137,6 +138,7 @@ class TreeShape:
     ranks: torch.Tensor
     level_ends: list[int]
     children: list[tuple[torch.Tensor, torch.Tensor]]
+    full: list[int | None]
     blocks: dict[tuple, torch.Tensor] = field(default_factory=dict)
 
     @property
@@ -189,12 +191,17 @@ def rank_tree_shape(paths: Sequence[Sequence[int]], device: torch.device) -> Tre
     for i in range(1, len(nodes)):
         ancestors[i] |= ancestors[parents[i]]
     level_ends = [sum(len(p) <= d for p in nodes) for d in range(max(len(p) for p in nodes) + 1)]
-    children = []
+    children, full = [], []
     for level in range(1, len(level_ends)):
         first = level_ends[level - 2] if level > 1 else 0
         members = nodes[level_ends[level - 1] : level_ends[level]]
-        rows = torch.tensor([index[p[:-1]] - first for p in members], device=device)
-        children.append((rows, torch.tensor([p[-1] for p in members], device=device)))
+        rows = [index[p[:-1]] - first for p in members]
+        ranks = [p[-1] for p in members]
+        frontier = level_ends[level - 1] - first
+        count = len(members) // frontier
+        every = len(members) == frontier * count and ranks == list(range(count)) * frontier
+        full.append(count if every else None)
+        children.append((torch.tensor(rows, device=device), torch.tensor(ranks, device=device)))
     shape = _SHAPES[key] = TreeShape(
         parents=torch.tensor(parents, device=device),
         depths=torch.tensor([len(p) for p in nodes], device=device),
@@ -202,6 +209,7 @@ def rank_tree_shape(paths: Sequence[Sequence[int]], device: torch.device) -> Tre
         ranks=torch.tensor([p[-1] if p else 0 for p in nodes], device=device),
         level_ends=level_ends,
         children=children,
+        full=full,
     )
     return shape
 
