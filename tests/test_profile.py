@@ -7,6 +7,7 @@ import torch
 from conftest import DEVICE
 
 from vlmspec import SpeculativeVLM
+from vlmspec.engine.counting import host_values
 from vlmspec.eval.profile import LaunchCounter, markdown_table, profile_generate, profile_policy
 from vlmspec.testing import noisy_copy, tiny_qwen2_5_vl
 
@@ -68,6 +69,22 @@ def test_indexing_with_a_zero_dim_tensor_counts_as_a_read():
         x.index_select(0, i.view(1))
         int(x[0])
     assert counter.reads["own"] == 2
+
+
+def test_a_blocking_copy_of_host_values_to_a_device_counts_as_a_read():
+    """Such a copy waits for every queued kernel first; a non-blocking one (from pinned memory) does not wait."""
+    counter = LaunchCounter(torch.nn.Identity())
+    with counter.counting():
+        torch.tensor([1, 2]).to("meta")
+        torch.empty(2, dtype=torch.long, device="meta").copy_(torch.tensor([1, 2]))
+        torch.tensor([1, 2]).to("meta", non_blocking=True)
+        torch.tensor([1, 2]).to(torch.float32)
+    assert counter.reads["own"] == 2
+
+
+def test_host_values_are_int64_on_the_device_asked_for():
+    values = host_values([3, 4], DEVICE)
+    assert values.dtype == torch.long and values.device.type == DEVICE.type and values.tolist() == [3, 4]
 
 
 def test_a_batched_step_reads_the_device_once_for_all_its_rows(cases):

@@ -24,6 +24,7 @@ from ..policies import BatchShape, RankTreePlan, TreePlan, TreePolicy
 from ..pruning import VerifierScores, scoring
 from .choice import NodeProcessing, TargetSampler
 from .commit import plan_commit, plan_commit_rows
+from .counting import host_values
 from .draft import Drafted, Drafter, SlotsRead
 from .loop import DecodeSettings, Prefilled, SpeculativeDecoder, TokenSink, observe_step
 from .report import RowStep, StepReport, accept_rows
@@ -375,7 +376,7 @@ class BatchDecoder:
             )
         trees = drafted.trees.to(target.device)
         with timer("verification"):
-            start = target.positions(torch.tensor(target_starts, device=target.device))
+            start = target.positions(host_values(target_starts, target.device))
             nodes = slice(0, trees.size)
             visible = rank_tree_shape(plan.paths, target.device).block(nodes, nodes)
             logits = target.forward_rows(trees.tokens, trees.depths, start, visible)
@@ -627,7 +628,7 @@ class RowTokens:
             self._buffer = torch.nn.functional.pad(buffer, (0, capacity - buffer.shape[1]))
             self._rows, self._lengths = list(rows), [s.shape[0] for s in own]
         buffer, width = self._buffer, max(self._lengths)
-        lengths = torch.tensor(self._lengths, device=buffer.device)[:, None]
+        lengths = host_values(self._lengths, buffer.device)[:, None]
         columns = torch.arange(width, device=buffer.device)[None]
         last = buffer.gather(1, lengths - 1)
         return torch.where(columns < lengths, buffer[:, :width], last)
@@ -635,7 +636,7 @@ class RowTokens:
     def take(self, tokens: torch.Tensor, counts: list[int]) -> None:
         """Append each row's first `counts[b]` of `tokens` (B, k), all rows in one write."""
         buffer = self._buffer
-        starts = torch.tensor(self._lengths, device=buffer.device)[:, None]
+        starts = host_values(self._lengths, buffer.device)[:, None]
         columns = (starts + torch.arange(tokens.shape[1], device=buffer.device)).clamp_max(buffer.shape[1] - 1)
         buffer.scatter_(1, columns, tokens.to(buffer.device))
         self._lengths = [length + count for length, count in zip(self._lengths, counts, strict=True)]

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .counting import arange
+from .counting import arange, host_values
 
 
 @dataclass
@@ -72,12 +72,12 @@ def plan_commit_rows(
     in_draft = [min(a, cached_depth) for a in accepted]
     path, tokens = path.to(draft_device), tokens.to(draft_device)
     # Slot j of row b holds pending token j below fed[b], then the node at depth j - fed[b] + 1 of its path.
-    shift = torch.tensor([f - 1 for f in fed], device=draft_device)[:, None]
+    shift = host_values([f - 1 for f in fed], draft_device)[:, None]
     slots = arange(max(fed) + cached_depth, draft_device)[None]
     from_path = path.gather(1, (slots - shift).clamp(0, path.shape[1] - 1)) + shift
     draft = torch.where(slots <= shift, slots, from_path)
     pending_counts = [a - d + 1 for a, d in zip(accepted, in_draft, strict=True)]
-    first = torch.tensor(in_draft, device=draft_device)[:, None]
+    first = host_values(in_draft, draft_device)[:, None]
     columns = (first + arange(max(pending_counts), draft_device)).clamp_max(tokens.shape[1] - 1)
     return RowsCommit(
         draft, [f + d for f, d in zip(fed, in_draft, strict=True)], tokens.gather(1, columns), pending_counts

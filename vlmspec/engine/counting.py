@@ -1,7 +1,10 @@
-"""0, 1, 2, ... on a device, made once and sliced: a step asks for several such ranges, and slicing one costs no
-kernel launch where `torch.arange` costs one each time."""
+"""Small integer tensors a step needs on its device, made without costing what a step cannot afford: 0, 1, 2, ...
+made once and sliced (slicing costs no kernel launch where `torch.arange` costs one each time), and values the host
+knows (row lengths, counts) copied without waiting for the device."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 
@@ -15,3 +18,13 @@ def arange(n: int, device: torch.device) -> torch.Tensor:
     if held is None or held.shape[0] < n:
         held = _RANGES[device] = torch.arange(max(n, 2 * (0 if held is None else held.shape[0]), 1024), device=device)
     return held[:n]
+
+
+def host_values(values: Sequence[int], device: torch.device) -> torch.Tensor:
+    """`values` (host integers) as an int64 tensor on `device`. On CUDA the copy starts from pinned memory without
+    blocking: `torch.tensor(values, device=...)` waits for every queued kernel first (a pipeline drain, as costly as a
+    read), while this one is ordered after them in the stream and the host goes on."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return torch.tensor(values, dtype=torch.long, device=device)
+    return torch.tensor(values, dtype=torch.long, pin_memory=True).to(device, non_blocking=True)

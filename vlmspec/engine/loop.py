@@ -15,6 +15,7 @@ from ..pruning import PruningConfig, VerifierScores
 from .accept import Verdict
 from .choice import NodeProcessing, TargetSampler
 from .commit import plan_commit
+from .counting import host_values
 from .draft import Drafted, Drafter
 from .report import RowStep, StepReport, accept_rows
 from .runner import ModelRunner
@@ -78,7 +79,7 @@ class TokenSink:
         """Write the tokens kept on the host into the device's buffer."""
         if self._host:
             start = self.length - len(self._host)
-            self.buffer[0, start : self.length] = torch.tensor(self._host, device=self.buffer.device)
+            self.buffer[0, start : self.length] = host_values(self._host, self.buffer.device)
             self._host = []
 
     @property

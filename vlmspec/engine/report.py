@@ -15,7 +15,7 @@ import torch
 
 from .accept import Verdict
 from .choice import TargetSampler
-from .counting import arange
+from .counting import arange, host_values
 from .tree import DraftTree, TreeRows
 
 
@@ -178,7 +178,7 @@ def pack_rows(
     is_eos = (tokens[:, :, None] == eos_token_ids[:, None, :]).any(-1) & (positions[None] < offered[:, None])
     hit = is_eos.any(1)
     count = torch.where(hit, is_eos.to(torch.uint8).argmax(1) + 1, offered)
-    room = rooms[0] if rows == 1 else torch.tensor(rooms, device=device)
+    room = rooms[0] if rows == 1 else host_values(rooms, device)
     finished = hit | (count >= room)
     flags = finished.long()[:, None] if verdict.doubt is None else torch.stack([finished, verdict.doubt], 1).long()
     head = [verdict.accepted[:, None], count.clamp_max(room)[:, None], flags]

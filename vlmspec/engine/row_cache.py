@@ -12,7 +12,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from .cache import SlabCache
-from .counting import arange
+from .counting import arange, host_values
 from .schedule import compaction
 
 
@@ -96,7 +96,7 @@ class RowCache(Cache):
         end = max(self.lengths) + q
         self.reserve(end)
         device = next(iter(self._slabs.values())).device
-        lengths = self.starts = torch.tensor(self.lengths, device=device)
+        lengths = self.starts = host_values(self.lengths, device)
         self._write = lengths[:, None] + arange(q, device)
         self._writes = {device: self._write}
         self.span = end
@@ -165,7 +165,7 @@ class RowCache(Cache):
         and one scatter per device, whatever the rows."""
         if offsets.shape[1]:
             device = offsets.device
-            begin = torch.tensor(starts, device=device)[:, None]
+            begin = host_values(starts, device)[:, None]
             source = begin + offsets
             target = begin + arange(offsets.shape[1], device)
             rows = arange(self.rows, device)[:, None]

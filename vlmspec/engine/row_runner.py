@@ -9,7 +9,7 @@ import torch
 from ..adapters import ModelAdapter
 from ..attention import tree_attention
 from .cache import TREE_ROOM, SlabCache
-from .counting import arange
+from .counting import arange, host_values
 from .row_cache import RowCache
 from .runner import ModelRunner
 
@@ -126,7 +126,7 @@ class RowRunner:
     def offsets_tensor(self) -> torch.Tensor:
         """The rows' position offsets on the device (made again only when the rows change)."""
         if self._offsets is None or self._offsets[0] != self.offsets:
-            self._offsets = (list(self.offsets), torch.tensor(self.offsets, device=self.device))
+            self._offsets = (list(self.offsets), host_values(self.offsets, self.device))
         return self._offsets[1]
 
     def _run(

@@ -17,7 +17,7 @@ import torch
 
 from .accept import Verdict, accept_greedy_rows, accept_sampled_rows
 from .choice import NodeProcessing, TargetSampler
-from .counting import arange
+from .counting import arange, host_values
 from .draft import Drafted, proposal_log_probs, proposal_log_probs_rows
 from .report import (
     PackedStep,
@@ -99,8 +99,8 @@ def draft_rows(
     rows = pending.shape[0]
     depth = min(shape.depth, max(max_depths))
     n = shape.level_ends[depth]
-    last = torch.tensor([c - 1 for c in counts], device=device)
-    start = draft.positions(torch.tensor(draft.lengths, device=device))
+    last = host_values([c - 1 for c in counts], device)
+    start = draft.positions(host_values(draft.lengths, device))
     fed = pending.clamp_max(input_limit - 1)
     logits = draft.forward_rows(fed, arange(fed.shape[1], device), start, None, counts)
     root_logits = logits.gather(1, last[:, None, None].expand(rows, 1, logits.shape[2]))[:, 0]
@@ -143,7 +143,7 @@ def draft_rows(
     row_depths = [min(depth, d) for d in max_depths]
     valid = None
     if min(row_depths) < depth:
-        valid = shape.depths[None, :n] <= torch.tensor(row_depths, device=device)[:, None]
+        valid = shape.depths[None, :n] <= host_values(row_depths, device)[:, None]
     trees = TreeRows(tokens, log_probs, shape.parents[:n], shape.depths[:n], shape.ancestors[:n, :n], depth, valid)
     if valid is None:
         greedy_depth = shape.greedy_depth(n).expand(rows)

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .counting import host_values
+
 
 def additive_mask(visible: torch.Tensor, dtype: torch.dtype, prefix_len: int = 0) -> torch.Tensor:
     """An additive mask `(1, 1, q, prefix_len + k)`: each row sees the prefix and its `visible` (q, k) keys.
@@ -315,7 +317,7 @@ class TreeBuilder:
         if valid is None:
             valid = self.valid[:n].tolist()
         real = [i for i, keep in enumerate(valid) if keep]
-        slots = torch.tensor(real, device=self.tokens.device)
+        slots = host_values(real, self.tokens.device)
         new_index = torch.zeros(n, dtype=torch.long)
         new_index[real] = torch.arange(len(real))
         parents = new_index.to(self.tokens.device)[self.parents[slots].clamp_min(0)]

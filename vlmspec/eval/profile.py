@@ -4,8 +4,9 @@ Two counts, per step and per emitted token, for each policy beside plain `genera
 - kernel launches: the aten operators that run a kernel (views, metadata and bare allocations excluded), split
   into those inside the target's forward, inside the draft's forward, and the rest (the decoder's own work);
 - host reads: the calls that make a GPU's host wait for the device: `item`, `bool`/`int`/`float`/`index` of a
-  tensor, `tolist`, `cpu`, `numpy`, `nonzero`, `masked_select`, `unique`, `argwhere`, and indexing with a
-  boolean mask.
+  tensor, `tolist`, `cpu`, `numpy`, `nonzero`, `masked_select`, `unique`, `argwhere`, indexing with a boolean
+  mask, and (on an accelerator) copies of host values to the device that block (`torch.tensor(values,
+  device="cuda")`; the engine copies such values from pinned memory without blocking).
 A step's counts are those of a call with `max_new_tokens=N` less those of a call with 2 (both prefills and the
 first step), divided by the steps in between, so prompt processing is left out. SAGE's trees are grown as on an
 accelerator (`SageConfig(fixed_shapes=True)`), whatever device runs the count. With a batch size B, B copies of the
@@ -46,6 +47,22 @@ _NO_KERNEL = {"empty", "empty_strided", "new_empty", "new_empty_strided", "lift_
 #: tensor reads its value inside the indexing code).
 _SCALAR_READS = {"item", "_local_scalar_dense"}
 SCOPES = ("target", "draft", "own")
+_COPIES = {"_to_copy", "copy_"}
+
+
+def _waits_for_device(name: str, args: tuple, kwargs: dict) -> bool:
+    """Whether a copy moves host values to an accelerator and waits for it: a blocking host-to-device copy (as
+    `torch.tensor(values, device="cuda")` makes) first waits for every queued kernel, as a read does."""
+    if kwargs.get("non_blocking") or (len(args) > 2 and args[2] is True):
+        return False
+    source = args[1] if name == "copy_" else args[0]
+    target = args[0].device if name == "copy_" else kwargs.get("device")
+    return (
+        isinstance(source, torch.Tensor)
+        and source.device.type == "cpu"
+        and target is not None
+        and torch.device(target).type != "cpu"
+    )
 
 
 def _is_bool_mask(index: Any) -> bool:
@@ -83,7 +100,7 @@ class _Launches(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__
-        if name in _SCALAR_READS:
+        if name in _SCALAR_READS or (name in _COPIES and _waits_for_device(name, args, kwargs or {})):
             if not self.counter.reading:
                 self.counter.reads[self.counter.scope] += 1
         elif not func.is_view and name not in _NO_KERNEL:
