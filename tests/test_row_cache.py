@@ -62,7 +62,7 @@ def test_keep_moves_each_rows_kept_offsets_to_its_own_start():
     cache.append(prefilled(6, 0), room=8)
     cache.append(prefilled(4, 1), room=8)
     before = [row_keys(cache, b).clone() for b in range(2)]
-    cache.keep([2, 1], [torch.tensor([0, 2, 3]), torch.tensor([1])])
+    cache.keep_rows([2, 1], torch.tensor([[0, 2, 3], [1, 0, 0]]), [3, 1])
     assert cache.lengths == [5, 2]
     assert torch.equal(row_keys(cache, 0), torch.cat([before[0][:, :2], before[0][:, [2, 4, 5]]], dim=1))
     assert torch.equal(row_keys(cache, 1), torch.cat([before[1][:, :1], before[1][:, [2]]], dim=1))
@@ -73,7 +73,7 @@ def test_keep_with_nothing_kept_cuts_a_row_back_to_its_start():
     cache.append(prefilled(6, 0), room=8)
     cache.append(prefilled(4, 1), room=8)
     before = row_keys(cache, 0).clone()
-    cache.keep([3, 4], [torch.tensor([1]), torch.zeros(0, dtype=torch.long)])
+    cache.keep_rows([3, 4], torch.tensor([[1], [0]]), [1, 0])
     assert cache.lengths == [4, 4]
     assert torch.equal(row_keys(cache, 0), torch.cat([before[:, :3], before[:, [4]]], dim=1))
 

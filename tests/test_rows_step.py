@@ -7,10 +7,8 @@ from __future__ import annotations
 import torch
 
 from vlmspec.engine.accept import Verdict, accept_greedy, accept_greedy_rows, accept_sampled, accept_sampled_rows
-from vlmspec.engine.cache import SlabCache
-from vlmspec.engine.commit import plan_commit, plan_commit_rows
-from vlmspec.engine.report import emitted_rows, emitted_tokens, pack_rows, pack_step
-from vlmspec.engine.row_cache import RowCache
+from vlmspec.engine.commit import plan_commit
+from vlmspec.engine.report import StepReport, emitted_rows, emitted_tokens, pack_rows, pack_step
 from vlmspec.engine.tree import DraftTree, TreeRows, rank_tree_shape
 from vlmspec.policies import RankTreePlan
 from vlmspec.policies.static import SPECVLM_TREE
@@ -123,35 +121,19 @@ def test_packed_rows_equal_each_rows_own_packing():
 
 
 def test_the_commit_of_every_row_equals_each_rows_own():
-    path = torch.tensor([[0, 1, 3, 6], [0, 2, 0, 0], [0, 0, 0, 0]])
-    tokens = torch.tensor([[4, 1, 3, 9], [2, 7, 0, 0], [8, 0, 0, 0]])
-    accepted, fed, cached = [3, 1, 0], [1, 2, 3], 2
-    together = plan_commit_rows(path, accepted, tokens, fed, cached, CPU)
+    reports = [report([0, 1, 3, 6], [4, 1, 3, 9]), report([0, 2], [2, 7]), report([0], [8])]
+    fed, cached, slots = [1, 2, 3], [2, 2, 3], [None, [0, 2, 3], None]
+    together = plan_commit(reports, fed, cached, slots, CPU)
     for b in range(3):
-        alone = plan_commit(path[b], accepted[b], tokens[b], fed[b], cached, None, CPU)
-        assert together.draft[b, : together.draft_counts[b]].tolist() == alone.draft.tolist()
-        assert together.pending[b, : together.pending_counts[b]].tolist() == alone.pending.tolist()
+        alone = plan_commit(reports[b : b + 1], fed[b : b + 1], cached[b : b + 1], slots[b : b + 1], CPU)
+        for mine, own in zip(together.row(b), alone.row(0), strict=True):
+            assert mine.tolist() == own.tolist()
 
 
-def test_keeping_rows_from_one_offsets_tensor_equals_keeping_each_rows_list():
-    def filled() -> RowCache:
-        cache = RowCache([CPU], slots=2)
-        for seed, length in enumerate((6, 4)):
-            source = SlabCache([CPU], length + 4)
-            keys = torch.randn(1, 2, length, 3, generator=torch.Generator().manual_seed(seed))
-            source.layers[0].update(keys, keys + 1)
-            source.settle()
-            cache.append(source, room=8)
-        return cache
-
-    lists, tensor = filled(), filled()
-    lists.keep([2, 1], [torch.tensor([0, 2, 3]), torch.tensor([1])])
-    tensor.keep_rows([2, 1], torch.tensor([[0, 2, 3], [1, 0, 0]]), [3, 1])
-    assert lists.lengths == tensor.lengths == [5, 2]
-    for b in range(2):
-        assert torch.equal(
-            lists.layer_slab(0)[0][b, :, : lists.lengths[b]], tensor.layer_slab(0)[0][b, :, : tensor.lengths[b]]
-        )
+def report(path: list[int], tokens: list[int]) -> StepReport:
+    """A step's report as its read gives it: `path` from the root to the last accepted node, `tokens` the accepted
+    draft tokens then the bonus token."""
+    return StepReport(len(path) - 1, len(tokens), False, False, 0, tokens, path, [])
 
 
 def test_a_verdict_row_is_a_view_of_the_batchs():

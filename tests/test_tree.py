@@ -158,7 +158,7 @@ def padded_tree_builder() -> TreeBuilder:
 def test_a_padded_tree_drops_its_padding_slots_when_finished():
     tree, greedy_depth, slots = padded_tree_builder().finish()
     assert tree.tokens.tolist() == [10, 11, 13] and tree.parents.tolist() == [-1, 0, 1]
-    assert slots.tolist() == [0, 1, 3] and int(greedy_depth) == 2 and tree.depth == 2
+    assert slots == [0, 1, 3] and int(greedy_depth) == 2 and tree.depth == 2
 
 
 def test_a_padded_tree_finished_from_the_hosts_copy_of_its_slots_is_the_same_tree():
@@ -166,7 +166,7 @@ def test_a_padded_tree_finished_from_the_hosts_copy_of_its_slots_is_the_same_tre
     tree, depth, slots = padded_tree_builder().finish([True, True, False, True, False])
     assert torch.equal(tree.tokens, read_tree.tokens) and torch.equal(tree.parents, read_tree.parents)
     assert torch.equal(tree.ancestors, read_tree.ancestors) and tree.depth == read_tree.depth
-    assert torch.equal(depth, read_depth) and torch.equal(slots, read_slots)
+    assert torch.equal(depth, read_depth) and slots == read_slots
 
 
 def grow(builder: TreeBuilder, levels: list[tuple[torch.Tensor, torch.Tensor]], root: int = 10) -> DraftTree:

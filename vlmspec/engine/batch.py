@@ -23,7 +23,7 @@ from ..adapters import VisualLayout
 from ..policies import BatchShape, RankTreePlan, TreePlan, TreePolicy
 from ..pruning import VerifierScores, scoring
 from .choice import NodeProcessing, TargetSampler
-from .commit import plan_commit, plan_commit_rows
+from .commit import CommitPlan, plan_commit
 from .counting import host_values
 from .draft import Drafted, Drafter, SlotsRead
 from .loop import DecodeSettings, Prefilled, SpeculativeDecoder, TokenSink, observe_step
@@ -505,17 +505,11 @@ class BatchDecoder:
         target_starts: list[int],
         draft_starts: list[int],
     ) -> None:
-        """Keep every row's accepted path in both caches (`plan_commit_rows`) and hold the tokens each row's draft
-        has not seen yet as the next step's pending tensor."""
-        lengths = [report.accepted for report in accepted.reports]
-        plan = plan_commit_rows(
-            accepted.verdict.path, lengths, accepted.tokens, counts, drafted.cached_depth, draft.device
-        )
-        target.keep_rows(target_starts, accepted.verdict.path, [n + 1 for n in lengths])
-        draft.keep_rows(draft_starts, plan.draft, plan.draft_counts)
-        for b, row in enumerate(rows):
-            row.pending = plan.pending[b, : plan.pending_counts[b]]
-        self._pending = ([row.pending for row in rows], plan.pending, plan.pending_counts)
+        """Keep every row's accepted path in both caches and hold the tokens each row's draft has not seen yet as
+        the next step's pending tensor."""
+        cached = [drafted.cached_depth] * len(rows)
+        plan = plan_commit(accepted.reports, counts, cached, [None] * len(rows), target.device, draft.device)
+        self._keep(rows, plan, target, draft, target_starts, draft_starts)
 
     def _draft(self, rows: list[_Row], plans: list[TreePlan], draft: RowRunner) -> tuple[list[Drafted], int, int]:
         """Grow every row's tree, one batched draft forward per level (rows whose tree is done feed nothing), then read
@@ -591,18 +585,32 @@ class BatchDecoder:
         fed: list[int],
     ) -> None:
         """Keep each row's accepted path in both caches and set the tokens its draft has not seen yet."""
-        plans = []
+        plan = plan_commit(
+            [report for *_, report in reports],
+            fed,
+            [grown.cached_depth for grown in drafted],
+            [grown.slots for grown in drafted],
+            target.device,
+            draft.device,
+        )
+        self._keep(rows, plan, target, draft, target_starts, draft_starts)
+
+    def _keep(
+        self,
+        rows: list[_Row],
+        plan: CommitPlan,
+        target: RowRunner,
+        draft: RowRunner,
+        target_starts: list[int],
+        draft_starts: list[int],
+    ) -> None:
+        """Carry out a step's commit: both caches keep every row's offsets at once, and each row holds its pending
+        tokens (views of the plan's, which the next step feeds as they are while the rows stay the same)."""
+        target.keep_rows(target_starts, plan.target, plan.target_counts)
+        draft.keep_rows(draft_starts, plan.draft, plan.draft_counts)
         for b, row in enumerate(rows):
-            verdict, tokens, report = reports[b]
-            grown = drafted[b]
-            plans.append(
-                plan_commit(
-                    verdict.path, report.accepted, tokens, fed[b], grown.cached_depth, grown.slots, draft.device
-                )
-            )
-            row.pending = plans[-1].pending
-        target.keep(target_starts, [plan.target for plan in plans])
-        draft.keep(draft_starts, [plan.draft for plan in plans])
+            row.pending = plan.pending[b, : plan.pending_counts[b]]
+        self._pending = ([row.pending for row in rows], plan.pending, plan.pending_counts)
 
 
 class RowTokens:

@@ -26,8 +26,8 @@ class Drafted:
 
     `greedy_depth` (on the device) is how far the draft's own top-1 path reaches in the tree: with the target as its
     own draft, exactly that many tokens are accepted. `forwards` and `fed_tokens` count the draft forwards and their
-    tokens. When a masked plan padded the levels, `slots` maps each tree node to its slot among the tokens the
-    draft was fed (its cache position after the pending tokens); None when they coincide.
+    tokens. When a masked plan padded the levels, `slots` (host) maps each tree node to its slot among the tokens
+    the draft was fed (its cache position after the pending tokens); None when they coincide.
     """
 
     tree: DraftTree
@@ -36,7 +36,7 @@ class Drafted:
     greedy_depth: torch.Tensor
     forwards: int
     fed_tokens: int
-    slots: torch.Tensor | None = None
+    slots: list[int] | None = None
 
 
 def proposal_log_probs(

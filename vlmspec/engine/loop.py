@@ -245,11 +245,11 @@ class SpeculativeDecoder:
             with timer("verification"):
                 logits = verify_tree(target, tree)
             with timer("acceptance"):
-                verdict, tokens, report = self._accept(settings, tree, logits, drafted, sink)
+                _, tokens, report = self._accept(settings, tree, logits, drafted, sink)
                 timer.collect()
             with timer("tree_update"):
                 fed_pending = pending.shape[0]
-                pending = self._commit(verdict, tokens, report, drafted, target_start, draft_start, fed_pending)
+                pending = self._commit(report, drafted, target_start, draft_start, fed_pending)
                 contexts = (draft_start + fed_pending, target_start)
                 observe_step(policy, plan, drafted, tree, report, stats, timer, step_started, contexts)
                 sink.take(tokens, report)
@@ -274,24 +274,17 @@ class SpeculativeDecoder:
         return accept_rows([step])[0]
 
     def _commit(
-        self,
-        verdict: Verdict,
-        tokens: torch.Tensor,
-        report: StepReport,
-        drafted: Drafted,
-        target_start: int,
-        draft_start: int,
-        fed_pending: int,
+        self, report: StepReport, drafted: Drafted, target_start: int, draft_start: int, fed_pending: int
     ) -> torch.Tensor:
         """Keep the accepted path in both caches; returns the tokens the draft has not seen yet (the accepted ones
         deeper than the levels it was fed, then the bonus token)."""
-        draft = self.draft
         plan = plan_commit(
-            verdict.path, report.accepted, tokens, fed_pending, drafted.cached_depth, drafted.slots, draft.device
+            [report], [fed_pending], [drafted.cached_depth], [drafted.slots], self.target.device, self.draft.device
         )
-        self.target.keep(target_start, plan.target)
-        draft.keep(draft_start, plan.draft)
-        return plan.pending
+        target, draft, pending = plan.row(0)
+        self.target.keep(target_start, target)
+        self.draft.keep(draft_start, draft)
+        return pending
 
 
 def observe_step(

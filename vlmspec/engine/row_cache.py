@@ -151,18 +151,10 @@ class RowCache(Cache):
         self.lengths = [self.lengths[b] for b in order]
         return order
 
-    def keep(self, starts: list[int], keeps: list[torch.Tensor]) -> None:
-        """In each row b, of the entries from `starts[b]` on keep those at offsets `keeps[b]` (ascending), moved to
-        `starts[b]`; the row's length becomes `starts[b] + len(keeps[b])`."""
-        width = max((k.shape[0] for k in keeps), default=0)
-        offsets = torch.zeros(self.rows, width, dtype=torch.long, device=keeps[0].device if keeps else None)
-        for b, kept in enumerate(keeps):
-            offsets[b, : kept.shape[0]] = kept
-        self.keep_rows(starts, offsets, [k.shape[0] for k in keeps])
-
     def keep_rows(self, starts: list[int], offsets: torch.Tensor, counts: list[int]) -> None:
-        """`keep` with every row's offsets in one `(B, W)` tensor, row b's first `counts[b]` of them kept: one gather
-        and one scatter per device, whatever the rows."""
+        """In each row b, of the entries from `starts[b]` on keep those at its first `counts[b]` `offsets` (B, W)
+        (ascending), moved to `starts[b]`; the row's length becomes `starts[b] + counts[b]`. One gather and one
+        scatter per device, whatever the rows."""
         if offsets.shape[1]:
             device = offsets.device
             begin = host_values(starts, device)[:, None]

@@ -149,10 +149,6 @@ class RowRunner:
         self.cache.commit(counts)
         return out.logits.to(self.device)
 
-    def keep(self, starts: list[int], keeps: list[torch.Tensor]) -> None:
-        """In each row, of the entries from `starts[b]` on keep those at offsets `keeps[b]` (ascending)."""
-        self.cache.keep(starts, [k.to(self.device) for k in keeps])
-
     def keep_rows(self, starts: list[int], offsets: torch.Tensor, counts: list[int]) -> None:
-        """`keep` with every row's offsets in one `(B, W)` tensor, row b keeping its first `counts[b]`."""
+        """In each row b, of the entries from `starts[b]` on keep those at its first `counts[b]` `offsets` (B, W)."""
         self.cache.keep_rows(starts, offsets.to(self.device), counts)

@@ -303,9 +303,9 @@ class TreeBuilder:
             depth=self.levels,
         )
 
-    def finish(self, valid: list[bool] | None = None) -> tuple[DraftTree, torch.Tensor, torch.Tensor | None]:
+    def finish(self, valid: list[bool] | None = None) -> tuple[DraftTree, torch.Tensor, list[int] | None]:
         """The tree grown so far, how deep the draft's own top-1 path reaches in it (on the device: the deepest node
-        whose path is all rank-0 children), and, when levels were padded, the slot of each of its nodes.
+        whose path is all rank-0 children), and, when levels were padded, the slot of each of its nodes (host).
 
         Without padding the tree is a view (valid until the next `start`). With padding, which slots are real (the
         host's `valid`, or one read of them) gives the tree's size, and its nodes are gathered in order.
@@ -332,7 +332,7 @@ class TreeBuilder:
             ancestors=ancestors,
             depth=self._level_of(real[-1]),
         )
-        return tree, _greedy_depth(self.ranks[slots], ancestors, depths), slots
+        return tree, _greedy_depth(self.ranks[slots], ancestors, depths), real
 
     def _level_of(self, slot: int) -> int:
         """The level of `slot`, from the host's record of level sizes."""
