@@ -114,6 +114,22 @@ def test_stream_decodes_each_prompt_as_its_own_generate_with_its_own_budget(fami
         assert result.stats.new_tokens == expected.shape[1] - family.cases[result.key]["input_ids"].shape[1]
 
 
+@pytest.mark.parametrize("policy", ["chain", "sage"])
+def test_greedy_and_sampling_prompts_in_one_batch_each_decode_as_alone(qwen, policy):
+    """A greedy row gives the target's own ids; a sampling row with its own generator draws what it draws alone."""
+    spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"], policy)
+    sampling = dict(do_sample=True, temperature=1.3, top_k=0, max_new_tokens=12)
+    items = [
+        ("greedy", qwen.cases["image"], {"do_sample": False, "max_new_tokens": 12}),
+        ("sampled", qwen.cases["video"], {**sampling, "generator": torch.Generator().manual_seed(3)}),
+    ]
+    results = {r.key: r.sequence for r in spec.stream(items, batch_size=2)}
+    greedy = qwen.target.generate(**qwen.cases["image"], do_sample=False, max_new_tokens=12)
+    alone = spec.generate(**qwen.cases["video"], **sampling, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(results["greedy"], greedy)
+    assert torch.equal(results["sampled"], alone)
+
+
 def test_prompts_that_finish_at_their_prefill_do_not_end_the_stream(qwen):
     spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"], "chain")
     items = [(f"one-{i}", qwen.cases["text"], {"max_new_tokens": 1}) for i in range(3)]

@@ -52,7 +52,7 @@ def accept_greedy_rows(trees: TreeRows, target_choice: torch.Tensor) -> Verdict:
 
     Siblings carry distinct tokens, so at most one node per depth can agree with the target.
     """
-    matches = trees.tokens == target_choice[:, trees.parents.clamp_min(0)]
+    matches = trees.tokens == target_choice.gather(1, trees.row_parents().clamp_min(0))
     matches[:, 0] = True
     if trees.valid is not None:
         matches &= trees.valid
@@ -93,18 +93,18 @@ def accept_sampled_rows(
     `sizes[b]` nodes', its valid ones) and its bonus token from `generators[b]`, as its tree alone would.
     """
     rows, n, vocab = probs.shape
-    parents, children = trees.parents[1:], trees.tokens[:, 1:]
+    parents, children = trees.row_parents()[:, 1:], trees.tokens[:, 1:]
     flat = probs.reshape(rows, n * vocab)
-    index = parents[None] * vocab + children
+    index = parents * vocab + children
     full_mass = flat.gather(1, index)
     child_mass = full_mass if trees.valid is None else full_mass * trees.valid[:, 1:]
-    earlier_sibling = (parents[:, None] == parents[None, :]).tril(-1)
-    before = torch.where(earlier_sibling[None], child_mass[:, None, :], 0.0).sum(-1)
+    earlier_sibling = (parents[:, :, None] == parents[:, None, :]).tril(-1)
+    before = torch.where(earlier_sibling, child_mass[:, None, :], 0.0).sum(-1)
     rest = flat.scatter(1, index, full_mass - child_mass).view(rows, n, vocab)
-    total = rest.sum(-1).index_add(1, parents, child_mass)
-    u = _uniform_rows(rows, n, generators, sizes, probs.device) * total
+    total = rest.sum(-1).scatter_add(1, parents, child_mass)
+    u = (_uniform_rows(rows, n, generators, sizes, probs.device) * total).gather(1, parents)
     accepted = torch.ones(rows, n, dtype=torch.bool, device=probs.device)
-    accepted[:, 1:] = (u[:, parents] >= before) & (u[:, parents] < before + child_mass)
+    accepted[:, 1:] = (u >= before) & (u < before + child_mass)
     path, count, last = deepest_rows(trees, accepted)
     at_last = last[:, None, None].expand(rows, 1, vocab)
     bonus_weights = rest.gather(1, at_last)[:, 0]
@@ -122,13 +122,14 @@ def deepest(tree: DraftTree, accepted: torch.Tensor) -> tuple[torch.Tensor, torc
 
 def deepest_rows(trees: TreeRows, accepted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`deepest` for every row of `accepted` (B, N) at once: paths (B, depth + 1), depths and indices (B,)."""
-    valid = ~(trees.ancestors[None] & ~accepted[:, None, :]).any(dim=2)
-    best = (trees.depths[None] * valid).argmax(dim=1)
-    on_path = trees.ancestors.index_select(0, best)
-    depths = arange(trees.depth + 1, trees.depths.device)
-    at_depth = trees.depths[None, :] == depths[:, None]
-    path = (at_depth[None] & on_path[:, None, :]).to(torch.uint8).argmax(dim=2)
-    return path, trees.depths.index_select(0, best), best
+    ancestors, depths = trees.row_ancestors(), trees.row_depths()
+    valid = ~(ancestors & ~accepted[:, None, :]).any(dim=2)
+    best = (depths * valid).argmax(dim=1)
+    on_path = ancestors.gather(1, best[:, None, None].expand(-1, 1, ancestors.shape[2]))[:, 0]
+    levels = arange(trees.depth + 1, depths.device)
+    at_depth = depths[:, None, :] == levels[None, :, None]
+    path = (at_depth & on_path[:, None, :]).to(torch.uint8).argmax(dim=2)
+    return path, depths.gather(1, best[:, None])[:, 0], best
 
 
 def _uniform_rows(

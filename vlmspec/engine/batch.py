@@ -27,7 +27,7 @@ from .commit import CommitPlan, plan_commit
 from .counting import host_values
 from .draft import Drafted, Drafter, SlotsRead
 from .loop import DecodeSettings, Prefilled, SpeculativeDecoder, TokenSink, observe_step
-from .report import RowStep, StepReport, accept_rows
+from .report import StepReport
 from .row_runner import RowForward, RowRunner
 from .rows_step import (
     RowsDrafted,
@@ -40,7 +40,7 @@ from .rows_step import (
 )
 from .schedule import Admission
 from .stats import PhaseTimer, SpecStats
-from .tree import DraftTree, rank_tree_shape
+from .tree import rank_tree_shape
 
 
 @dataclass
@@ -326,18 +326,30 @@ class BatchDecoder:
             requests = [RowForward(t.tokens, t.depths, t.ancestors, target_starts[b]) for b, t in enumerate(trees)]
             logits = target.forward(requests)
         with timer("acceptance"):
-            reports = self._accept(rows, trees, logits, drafted)
+            stacked = RowsDrafted.stacked(drafted, target.device, draft_forwards, draft_tokens)
+            policy = rows[0].policy
+            accepted = accept_all(
+                stacked,
+                stacked.trees,
+                logits,
+                [row.settings.sampler for row in rows],
+                [row.sink.sequence for row in rows],
+                self._eos_rows(rows, target.device),
+                [row.sink.room for row in rows],
+                policy.statistics(stacked.root_log_probs),
+                policy.reads_tree,
+            )
             timer.collect()
         with timer("tree_update"):
             fed = [row.pending.shape[0] for row in rows]
-            self._commit(rows, reports, drafted, target, draft, target_starts, draft_starts, fed)
+            self._commit(rows, accepted.reports, drafted, target, draft, target_starts, draft_starts, fed)
         self._finish(
             rows,
             plans,
             drafted,
-            [report for _, _, report in reports],
-            [tokens for _, tokens, _ in reports],
-            (len(rows) * max(t.size for t in trees), draft_forwards, draft_tokens),
+            accepted.reports,
+            list(accepted.tokens),
+            (len(rows) * stacked.trees.size, draft_forwards, draft_tokens),
             (target_starts, draft_starts, fed),
             timer,
             step_started,
@@ -507,7 +519,7 @@ class BatchDecoder:
     ) -> None:
         """Keep every row's accepted path in both caches and hold the tokens each row's draft has not seen yet as
         the next step's pending tensor."""
-        cached = [drafted.cached_depth] * len(rows)
+        cached = drafted.cached_depths
         plan = plan_commit(accepted.reports, counts, cached, [None] * len(rows), target.device, draft.device)
         self._keep(rows, plan, target, draft, target_starts, draft_starts)
 
@@ -535,7 +547,7 @@ class BatchDecoder:
                 if feeding[b] is None:
                     continue
                 try:
-                    requests[b] = steps.send(logits[b])
+                    requests[b] = steps.send(logits[b, : feeding[b].tokens.shape[0]])
                 except StopIteration as grown:
                     drafted[b], requests[b] = grown.value, None
         reading = [b for b, r in enumerate(requests) if isinstance(r, SlotsRead)]
@@ -551,32 +563,10 @@ class BatchDecoder:
                 valid = valid[n:]
         return drafted, forwards, tokens
 
-    def _accept(
-        self, rows: list[_Row], trees: list[DraftTree], logits: list[torch.Tensor], drafted: list[Drafted]
-    ) -> list[tuple[Any, torch.Tensor, StepReport]]:
-        """Accept on the device row by row and read every row's results at once; rows whose sampled verdict is in
-        doubt are drawn again from the full rows (a second read, only then)."""
-        return accept_rows(
-            [
-                RowStep(
-                    row.settings.sampler,
-                    trees[b],
-                    logits[b],
-                    row.sink.sequence,
-                    row.settings.eos_token_ids,
-                    row.sink.room,
-                    drafted[b].greedy_depth,
-                    row.policy.statistics(drafted[b].root_log_probs),
-                    row.policy.reads_tree,
-                )
-                for b, row in enumerate(rows)
-            ]
-        )
-
     def _commit(
         self,
         rows: list[_Row],
-        reports: list[tuple[Any, torch.Tensor, StepReport]],
+        reports: list[StepReport],
         drafted: list[Drafted],
         target: RowRunner,
         draft: RowRunner,
@@ -586,7 +576,7 @@ class BatchDecoder:
     ) -> None:
         """Keep each row's accepted path in both caches and set the tokens its draft has not seen yet."""
         plan = plan_commit(
-            [report for *_, report in reports],
+            reports,
             fed,
             [grown.cached_depth for grown in drafted],
             [grown.slots for grown in drafted],

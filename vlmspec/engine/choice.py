@@ -106,8 +106,8 @@ class NodeProcessing:
     ) -> torch.Tensor:
         """`process` of B sequences' trees at once: `logits` (B, m, V), `sequences` (B, T) (each ending with its
         root, padded to T with its own last token), `tokens` (B, N) each sequence's tree over the one structure
-        `ancestors` (m, N) of the m nodes; None for the roots alone. Needs `batches_rows` where sequences' lengths
-        differ or the nodes have a tree below them."""
+        `ancestors` (m, N) of the m nodes, or each its own (B, m, N); None for the roots alone. Needs
+        `batches_rows` where sequences' lengths differ or the nodes have a tree below them."""
         if not self.sequence_processors:
             return logits.float()
         if tokens is not None and tokens.shape[1] > 1 and not self.batches_rows:
@@ -118,8 +118,9 @@ class NodeProcessing:
         scores = logits.to(dtype=torch.float32, copy=True).reshape(rows * m, width)
         ids = sequences[:, None, :].expand(rows, m, -1)
         if tokens is not None and tokens.shape[1] > 1:
-            path_rows = ancestors[:, 1 : tokens.shape[1]]
-            padded = torch.where(path_rows[None], tokens[:, None, 1:], sequences[:, -1, None, None])
+            path_rows = ancestors[..., 1 : tokens.shape[1]]
+            path_rows = path_rows if path_rows.ndim == 3 else path_rows[None]
+            padded = torch.where(path_rows, tokens[:, None, 1:], sequences[:, -1, None, None])
             ids = torch.cat([ids, padded], dim=2)
         return self.sequence_processors(ids.reshape(rows * m, -1), scores).view(rows, m, width)
 

@@ -188,13 +188,14 @@ def pack_rows(
     whole = torch.cat(head + [tokens, verdict.path], dim=1).to(torch.float64)
     parts = [] if statistics is None else [statistics.to(device)]
     if with_tree:
-        parts += [trees.parents[None].expand(rows, -1), trees.log_probs]
+        parts += [trees.row_parents(), trees.log_probs]
     return torch.cat([whole] + [p.to(torch.float64) for p in parts], dim=1) if parts else whole
 
 
-def unpack_step(values: list[float], packed: PackedStep) -> StepReport:
-    """The `StepReport` of a packed step, from its values as read."""
+def unpack_step(values: list[float], packed: PackedStep, nodes: int | None = None) -> StepReport:
+    """The `StepReport` of a packed step, from its values as read; a padded tree's first `nodes` are its own."""
     n, depth, stats = packed.nodes, packed.depth, packed.statistics
+    own = n if nodes is None else nodes
     head, values = values[:5], values[5:]
     tokens_host, path, values = values[:depth], values[depth : 2 * depth], values[2 * depth :]
     accepted = int(head[0])
@@ -207,6 +208,6 @@ def unpack_step(values: list[float], packed: PackedStep) -> StepReport:
         tokens=[int(t) for t in tokens_host],
         path=[int(i) for i in path[: accepted + 1]],
         statistics=values[:stats],
-        tree_parents=[int(i) for i in values[stats : stats + n]] if packed.with_tree else None,
-        tree_log_probs=values[stats + n :] if packed.with_tree else None,
+        tree_parents=[int(i) for i in values[stats : stats + own]] if packed.with_tree else None,
+        tree_log_probs=values[stats + n : stats + n + own] if packed.with_tree else None,
     )

@@ -70,9 +70,9 @@ class RowRunner:
         self.offsets = [self.offsets[b] for b in order]
         return order
 
-    def forward(self, requests: list[RowForward | None]) -> list[torch.Tensor | None]:
-        """Run every row's request in one forward (rows with None feed padding that is never kept); returns each
-        row's logits `(q_b, V)` (None where it fed nothing). Each row's fed tokens enter its cache."""
+    def forward(self, requests: list[RowForward | None]) -> torch.Tensor:
+        """Run every row's request in one forward (rows with None feed padding that is never kept); returns the
+        logits `(B, q, V)`, row b's first `q_b` its own (the rest padding). Each row's fed tokens enter its cache."""
         cache, device = self.cache, self.device
         counts = [0 if r is None else r.tokens.shape[0] for r in requests]
         q = max(counts)
@@ -92,8 +92,7 @@ class RowRunner:
             block = length + n - width
             visible[b, :, :block] = True
             visible[b, :n, block : length + n] = request.visible
-        logits = self._run(tokens, positions, visible, counts)
-        return [None if n == 0 else logits[b, :n] for b, n in enumerate(counts)]
+        return self._run(tokens, positions, visible, counts)
 
     def forward_rows(
         self,

@@ -34,13 +34,13 @@ from .tree import TreeRows, TreeShape
 
 @dataclass
 class RowsDrafted:
-    """Every row's tree of a step, the draft's root log-probabilities (B, V), how many levels the draft cache holds,
-    each row's greedy depth (B,) and valid nodes (`sizes`, host), and the draft forwards and tokens fed (padding
-    included)."""
+    """Every row's tree of a step, the draft's root log-probabilities (B, V), how many levels of each row's tree the
+    draft cache holds, each row's greedy depth (B,) and valid nodes (`sizes`, host), and the draft forwards and
+    tokens fed (padding included)."""
 
     trees: TreeRows
     root_log_probs: torch.Tensor
-    cached_depth: int
+    cached_depths: list[int]
     greedy_depth: torch.Tensor
     sizes: list[int]
     depths: list[int]
@@ -51,7 +51,23 @@ class RowsDrafted:
         """Row `b`'s tree cut to its valid nodes, as the one-row drafter would have grown it (views)."""
         tree = self.trees.row(b, self.sizes[b], self.depths[b])
         return Drafted(
-            tree, self.root_log_probs[b], self.cached_depth, self.greedy_depth[b], self.forwards, self.fed_tokens
+            tree, self.root_log_probs[b], self.cached_depths[b], self.greedy_depth[b], self.forwards, self.fed_tokens
+        )
+
+    @staticmethod
+    def stacked(grown: Sequence[Drafted], device: torch.device, forwards: int, fed_tokens: int) -> RowsDrafted:
+        """Trees grown row by row (of different shapes) as rows of their own structure on `device`, padded to the
+        largest."""
+        trees = TreeRows.padded([d.tree.to(device) for d in grown])
+        return RowsDrafted(
+            trees,
+            torch.stack([d.root_log_probs for d in grown]),
+            [d.cached_depth for d in grown],
+            torch.stack([d.greedy_depth for d in grown]).to(device),
+            [d.tree.size for d in grown],
+            [d.tree.depth for d in grown],
+            forwards,
+            fed_tokens,
         )
 
 
@@ -150,7 +166,8 @@ def draft_rows(
     else:
         greedy_depth = (shape.greedy_path[None, :n] * valid).amax(dim=1)
     sizes = [shape.level_ends[d] for d in row_depths]
-    return RowsDrafted(trees, root_log_probs[:, 0], cached_depth, greedy_depth, sizes, row_depths, forwards, fed_tokens)
+    cached = [cached_depth] * rows
+    return RowsDrafted(trees, root_log_probs[:, 0], cached, greedy_depth, sizes, row_depths, forwards, fed_tokens)
 
 
 def _log_probs(
@@ -198,10 +215,11 @@ def accept_all(
     statistics: torch.Tensor | None,
     with_tree: bool,
 ) -> RowsVerdict:
-    """Accept every row's tree from the target's `logits` (B, N, V) and read all rows' results at once. The rows share
-    one rule (all greedy or all sampling); a sampled row whose verdict is in doubt is accepted again alone from its
-    full rows (a second read, only then). `trees` are `drafted.trees` where the target's logits are."""
-    sampling = samplers[0].do_sample
+    """Accept every row's tree from the target's `logits` (B, N, V) and read all rows' results at once. Greedy rows
+    take the target's choices, sampling rows recursive rejection (rows of both rules in one batch are accepted both
+    ways, each keeping its own); a sampled row whose verdict is in doubt is accepted again alone from its full rows
+    (a second read, only then). `trees` are `drafted.trees` where the target's logits are."""
+    rules = [s.do_sample for s in samplers]
     processings = [s.processing for s in samplers]
     plain = uniform_processing(processings)
     if plain:
@@ -209,12 +227,13 @@ def accept_all(
     elif isinstance(sequences, torch.Tensor):
         scores = processings[0].process_rows(logits, sequences, trees.tokens, trees.ancestors)
     else:
+        ancestors = trees.row_ancestors()
         scores = torch.stack(
-            [p.process(logits[b], sequences[b], trees.tokens[b], trees.ancestors) for b, p in enumerate(processings)]
+            [p.process(logits[b], sequences[b], trees.tokens[b], ancestors[b]) for b, p in enumerate(processings)]
         )
-    if not sampling:
-        verdict = accept_greedy_rows(trees, scores.argmax(-1))
-    else:
+    greedy = None if all(rules) else accept_greedy_rows(trees, scores.argmax(-1))
+    verdict = greedy
+    if any(rules):
         if plain:
             probs, doubt = scores.softmax(-1), None
         elif isinstance(sequences, torch.Tensor):
@@ -227,12 +246,14 @@ def accept_all(
         own = None if all(g is None for g in generators) else generators
         verdict = accept_sampled_rows(trees, probs, own, drafted.sizes)
         verdict.doubt = doubt
+        if greedy is not None:
+            verdict = _by_rule(host_values(rules, trees.tokens.device).bool(), verdict, greedy)
     tokens = emitted_rows(trees, verdict)
     packed = pack_rows(trees, verdict, tokens, eos_token_ids, rooms, drafted.greedy_depth, statistics, with_tree)
     values = packed.tolist()
     width = packed_width(trees, tokens, with_tree)
     layout = PackedStep(packed[0], trees.size, tokens.shape[1], packed.shape[1] - width, with_tree)
-    reports = [unpack_step(row, layout) for row in values]
+    reports = [unpack_step(row, layout, drafted.sizes[b]) for b, row in enumerate(values)]
     for b, report in enumerate(reports):
         if report.doubt:
             reports[b] = _accept_again(
@@ -249,6 +270,18 @@ def accept_all(
                 tokens,
             )
     return RowsVerdict(verdict, tokens, reports)
+
+
+def _by_rule(sampling: torch.Tensor, sampled: Verdict, greedy: Verdict) -> Verdict:
+    """Each row's verdict under its own rule: `sampled`'s where `sampling` (B,) says the row samples, else
+    `greedy`'s."""
+    doubt = None if sampled.doubt is None else sampled.doubt & sampling
+    return Verdict(
+        torch.where(sampling[:, None], sampled.path, greedy.path),
+        torch.where(sampling, sampled.accepted, greedy.accepted),
+        torch.where(sampling, sampled.bonus, greedy.bonus),
+        doubt,
+    )
 
 
 def _accept_again(

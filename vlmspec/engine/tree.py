@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .counting import host_values
+from .counting import arange, host_values
 
 
 def additive_mask(visible: torch.Tensor, dtype: torch.dtype, prefix_len: int = 0) -> torch.Tensor:
@@ -84,11 +84,13 @@ class DraftTree:
 
 @dataclass
 class TreeRows:
-    """Every row's tree of one step as `(B, N)` tensors over one structure.
+    """Every row's tree of one step as `(B, N)` tensors.
 
-    The rows' trees share `parents`, `depths` (N,) and `ancestors` (N, N) and differ in `tokens` and cumulative draft
-    `log_probs` (B, N). `valid` (B, N), when given, marks the nodes a row may accept: a row near its token budget
-    drafts the same levels as the others, its deeper nodes invalid. `depth` is the deepest node's depth.
+    The rows' trees share one structure, `parents`, `depths` (N,) and `ancestors` (N, N), or each has its own,
+    (B, N) and (B, N, N): trees of different shapes padded to N nodes, where a padding node is its own parent and
+    has no ancestors. They differ in `tokens` and cumulative draft `log_probs` (B, N). `valid` (B, N), when given,
+    marks the nodes a row may accept (a row near its token budget drafts the same levels as the others, its deeper
+    nodes invalid; padding is invalid). `depth` is the deepest node's depth.
     """
 
     tokens: torch.Tensor
@@ -104,6 +106,20 @@ class TreeRows:
         """Nodes per row, the root included."""
         return self.tokens.shape[1]
 
+    def row_parents(self) -> torch.Tensor:
+        """Every row's parents (B, N) (a view when the rows share them)."""
+        return self.parents if self.parents.ndim == 2 else self.parents[None].expand(self.tokens.shape[0], -1)
+
+    def row_depths(self) -> torch.Tensor:
+        """Every row's depths (B, N) (a view when the rows share them)."""
+        return self.depths if self.depths.ndim == 2 else self.depths[None].expand(self.tokens.shape[0], -1)
+
+    def row_ancestors(self) -> torch.Tensor:
+        """Every row's ancestors (B, N, N) (a view when the rows share them)."""
+        if self.ancestors.ndim == 3:
+            return self.ancestors
+        return self.ancestors[None].expand(self.tokens.shape[0], -1, -1)
+
     def to(self, device: torch.device) -> TreeRows:
         """The same trees on `device` (the target may sit on another device than the draft)."""
         if self.tokens.device == device:
@@ -118,11 +134,34 @@ class TreeRows:
         n = self.size if nodes is None else nodes
         return DraftTree(
             self.tokens[b, :n],
-            self.parents[:n],
-            self.depths[:n],
+            self.row_parents()[b, :n],
+            self.row_depths()[b, :n],
             self.log_probs[b, :n],
-            self.ancestors[:n, :n],
+            self.row_ancestors()[b, :n, :n],
             self.depth if depth is None else depth,
+        )
+
+    @staticmethod
+    def padded(trees: Sequence[DraftTree]) -> TreeRows:
+        """Trees of different shapes as rows of their own structure, padded to the largest (padding invalid)."""
+        device, n = trees[0].tokens.device, max(tree.size for tree in trees)
+        rows = len(trees)
+        pad = torch.nn.utils.rnn.pad_sequence
+        own = arange(n, device)
+        parents = pad([tree.parents for tree in trees], batch_first=True, padding_value=-2)
+        parents = torch.where(parents == -2, own, parents)
+        ancestors = torch.zeros(rows, n, n, dtype=torch.bool, device=device)
+        for b, tree in enumerate(trees):
+            ancestors[b, : tree.size, : tree.size] = tree.ancestors
+        valid = own[None] < host_values([tree.size for tree in trees], device)[:, None]
+        return TreeRows(
+            pad([tree.tokens for tree in trees], batch_first=True),
+            pad([tree.log_probs for tree in trees], batch_first=True, padding_value=-torch.inf),
+            parents,
+            pad([tree.depths for tree in trees], batch_first=True),
+            ancestors,
+            max(tree.depth for tree in trees),
+            valid,
         )
 
 
