@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from vlmspec.engine.accept import accept_greedy
-from vlmspec.engine.report import emitted_tokens, pack_step, unpack_step
+from vlmspec.engine.report import emitted_tokens, pack_rows, read_rows
 from vlmspec.engine.tree import TreeBuilder
 from vlmspec.eval.profile import LaunchCounter
 
@@ -21,10 +21,14 @@ def chain_tree(tokens: list[int]):
     return builder.build()
 
 
-def read(tree, verdict, tokens, *args, **kwargs):
-    """Pack a step on the device and read it once, as `accept_rows` does for every row."""
-    packed = pack_step(tree, verdict, tokens, *args, **kwargs)
-    return unpack_step(packed.values.tolist(), packed)
+def read(tree, verdict, tokens, eos, room, greedy_depth, statistics=None, with_tree=False):
+    """Pack one tree's step on the device and read it once, as a step does for all its rows."""
+    trees, rows_statistics = tree.rows(), None if statistics is None else statistics[None]
+    eos_rows = eos[None]
+    packed = pack_rows(
+        trees, verdict.as_rows(), tokens[None], eos_rows, [room], greedy_depth[None], rows_statistics, with_tree
+    )
+    return read_rows(packed, trees, tokens[None], with_tree)[0]
 
 
 def settle(tokens: list[int], choice: list[int], room: int = 100, **kwargs):

@@ -8,7 +8,7 @@ import torch
 
 from vlmspec.engine.accept import Verdict, accept_greedy, accept_greedy_rows, accept_sampled, accept_sampled_rows
 from vlmspec.engine.commit import plan_commit
-from vlmspec.engine.report import StepReport, emitted_rows, emitted_tokens, pack_rows, pack_step
+from vlmspec.engine.report import StepReport, emitted_rows, emitted_tokens, pack_rows
 from vlmspec.engine.tree import DraftTree, TreeRows, rank_tree_shape
 from vlmspec.policies import RankTreePlan
 from vlmspec.policies.static import SPECVLM_TREE
@@ -115,9 +115,17 @@ def test_packed_rows_equal_each_rows_own_packing():
         own = verdict.row(b)
         alone_tokens = emitted_tokens(trees.row(b), own)
         assert torch.equal(alone_tokens, tokens[b])
-        own_eos = eos[b][eos[b] >= 0]
-        alone = pack_step(trees.row(b), own, alone_tokens, own_eos, rooms[b], greedy[b], statistics[b], True)
-        assert together[b].tolist() == alone.values.tolist()
+        alone = pack_rows(
+            trees.row(b).rows(),
+            own.as_rows(),
+            tokens[b : b + 1],
+            eos[b : b + 1],
+            rooms[b : b + 1],
+            greedy[b : b + 1],
+            statistics[b : b + 1],
+            with_tree=True,
+        )
+        assert together[b].tolist() == alone[0].tolist()
 
 
 def test_the_commit_of_every_row_equals_each_rows_own():

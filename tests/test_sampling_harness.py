@@ -9,7 +9,6 @@ import pytest
 import torch
 from sampling_cases import ALPHA, FAMILY, NEW_TOKENS, SAMPLES, WARPS, exact, speculative_test
 
-import vlmspec.engine.choice
 import vlmspec.engine.rows_step
 from vlmspec.engine.accept import Verdict, accept_sampled, deepest, draw
 from vlmspec.engine.tree import DraftTree, TreeRows
@@ -72,7 +71,6 @@ def _row_by_row(rule: Callable[..., Verdict]) -> Callable[..., Verdict]:
     "rule, policy", [(_always_first_child, "sage"), (_bonus_from_p, "chain")], ids=["first_child", "bonus_from_p"]
 )
 def test_the_harness_rejects_a_biased_sampler(monkeypatch, rule, policy):
-    monkeypatch.setattr(vlmspec.engine.choice, "accept_sampled", rule)
     monkeypatch.setattr(vlmspec.engine.rows_step, "accept_sampled_rows", _row_by_row(rule))
     result, _ = speculative_test(policy, "noisy", "image", "top_k_top_p")
     assert result.impossible == 0 and not result.passes(ALPHA)

@@ -8,6 +8,8 @@ from transformers import LogitsProcessorList
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from vlmspec.engine.choice import NodeProcessing, TargetSampler
+from vlmspec.engine.draft import Drafted
+from vlmspec.engine.rows_step import RowsDrafted, accept_all
 from vlmspec.engine.tree import TreeBuilder
 from vlmspec.eval.profile import LaunchCounter
 
@@ -57,14 +59,39 @@ def test_equal_scores_on_one_side_of_the_cut_leave_no_doubt():
     torch.testing.assert_close(probs, generate_distribution(scores))
 
 
-def test_warping_a_tree_waits_for_nothing():
+def accept_counting_reads(logits: torch.Tensor):
+    """Accept a two-child tree under a top-k/top-p sampler from the target's `logits` (3, 40), counting host reads."""
     builder = TreeBuilder(2, torch.device("cpu"))
     builder.start(torch.tensor(1))
     builder.add_level(torch.tensor([0, 0]), torch.tensor([2, 3]), torch.tensor([-0.1, -2.0]), torch.tensor([0, 1]))
     tree = builder.build()
-    logits = torch.randn(3, 40, generator=torch.Generator().manual_seed(3))
+    drafted = Drafted(tree, torch.zeros(40), 1, torch.tensor(1), 1, 1)
     sampler = TargetSampler(NodeProcessing(WARPERS), do_sample=True, generator=torch.Generator().manual_seed(0))
     counter = LaunchCounter(torch.nn.Identity())
     with counter.counting():
-        verdict = sampler.accept(tree, logits, SEQUENCE)
-    assert counter.reads["own"] == 0 and verdict.doubt is not None
+        accepted = accept_all(
+            RowsDrafted.one(drafted),
+            tree.rows(),
+            logits[None],
+            [sampler],
+            [SEQUENCE],
+            torch.tensor([[-1]]),
+            [10],
+            None,
+            False,
+        )
+    return accepted.reports[0], counter.reads["own"]
+
+
+def test_warping_a_tree_waits_for_nothing_before_the_steps_one_read():
+    report, reads = accept_counting_reads(torch.randn(3, 40, generator=torch.Generator().manual_seed(3)))
+    assert reads == 1 and not report.doubt
+
+
+def test_a_tree_in_doubt_is_accepted_again_from_the_full_rows_with_a_second_read():
+    logits = torch.randn(3, 40, generator=torch.Generator().manual_seed(3))
+    third = logits[0].topk(3).values[-1]
+    logits[0, logits[0] < third] = -5.0
+    logits[0, 0] = third  # the root's top-k keeps four tokens
+    report, reads = accept_counting_reads(logits)
+    assert reads == 2 and not report.doubt and report.count >= 1

@@ -24,8 +24,7 @@ from transformers.generation.logits_process import (
     TypicalLogitsWarper,
 )
 
-from .accept import Verdict, accept_greedy, accept_sampled, draw
-from .tree import DraftTree
+from .accept import draw
 
 _ROW_WISE = (
     TemperatureLogitsWarper,
@@ -259,7 +258,7 @@ class TargetSampler:
     """The target's token after the root, and the accepted path of a verified tree, as `generate` would pick them.
 
     Greedy configs take the argmax of the processed scores; sampling configs draw from the warped distribution,
-    on a tree by recursive rejection (`accept_sampled`), from `generator` or, as `generate`, the global RNG.
+    on trees by recursive rejection (`rows_step.accept_all`), from `generator` or, as `generate`, the global RNG.
     """
 
     def __init__(self, processing: NodeProcessing, do_sample: bool, generator: torch.Generator | None = None):
@@ -281,19 +280,3 @@ class TargetSampler:
         if bool(doubt):
             probs, _ = self.processing.distribution(scores, sequence, compact=False)
         return draw(probs[0], self.generator)
-
-    def accept(self, tree: DraftTree, logits: torch.Tensor, sequence: torch.Tensor, compact: bool = True) -> Verdict:
-        """The accepted path and the bonus token, from the target's logits after each node, left on the device.
-
-        `logits` (n, V) are the target's after every node; `sequence` (1, T) ends with the root. A sampled verdict
-        carries the distribution's doubt; when it is set, accepting again with `compact=False` draws afresh from
-        the full rows. The redraw is exact: whether it happens depends on the logits alone, not on the draws.
-        """
-        processing = self.processing
-        scores = processing.process(logits, sequence, tree.tokens, tree.ancestors)
-        if not self.do_sample:
-            return accept_greedy(tree, scores.argmax(-1))
-        probs, doubt = processing.distribution(scores, sequence, compact)
-        verdict = accept_sampled(tree, probs, self.generator)
-        verdict.doubt = doubt
-        return verdict

@@ -12,12 +12,12 @@ import torch
 from ..adapters import VisualLayout
 from ..policies import BatchShape, StepOutcome, TreePlan, TreePolicy
 from ..pruning import PruningConfig, VerifierScores
-from .accept import Verdict
 from .choice import NodeProcessing, TargetSampler
 from .commit import plan_commit
 from .counting import host_values
 from .draft import Drafted, Drafter
-from .report import RowStep, StepReport, accept_rows
+from .report import StepReport
+from .rows_step import RowsDrafted, accept_all
 from .runner import ModelRunner
 from .stats import PhaseTimer, SpecStats, StepRecord
 from .tree import DraftTree
@@ -245,7 +245,7 @@ class SpeculativeDecoder:
             with timer("verification"):
                 logits = verify_tree(target, tree)
             with timer("acceptance"):
-                _, tokens, report = self._accept(settings, tree, logits, drafted, sink)
+                tokens, report = self._accept(settings, tree, logits, drafted, sink)
                 timer.collect()
             with timer("tree_update"):
                 fed_pending = pending.shape[0]
@@ -256,22 +256,23 @@ class SpeculativeDecoder:
 
     def _accept(
         self, settings: DecodeSettings, tree: DraftTree, logits: torch.Tensor, drafted: Drafted, sink: TokenSink
-    ) -> tuple[Verdict, torch.Tensor, StepReport]:
-        """Accept on the device and read the step's results once; a sampled verdict in doubt is drawn again from the
-        full rows (a second read, only then)."""
-        statistics = self.policy.statistics(drafted.root_log_probs)
-        step = RowStep(
-            settings.sampler,
-            tree,
-            logits,
-            sink.sequence,
-            settings.eos_token_ids,
-            sink.room,
-            drafted.greedy_depth,
-            statistics,
+    ) -> tuple[torch.Tensor, StepReport]:
+        """Accept on the device and read the step's results once (`accept_all` over a batch of one): the tokens it
+        emits and its report; a sampled verdict in doubt is drawn again from the full rows (a second read, only
+        then)."""
+        one = RowsDrafted.one(drafted)
+        accepted = accept_all(
+            one,
+            tree.rows(),
+            logits[None],
+            [settings.sampler],
+            [sink.sequence],
+            settings.eos_token_ids[None],
+            [sink.room],
+            self.policy.statistics(one.root_log_probs),
             self.policy.reads_tree,
         )
-        return accept_rows([step])[0]
+        return accepted.tokens[0], accepted.reports[0]
 
     def _commit(
         self, report: StepReport, drafted: Drafted, target_start: int, draft_start: int, fed_pending: int

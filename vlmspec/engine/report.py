@@ -9,12 +9,10 @@ packed into one tensor and read at once.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from .accept import Verdict
-from .choice import TargetSampler
 from .counting import arange, host_values
 from .tree import DraftTree, TreeRows
 
@@ -54,67 +52,6 @@ def emitted_rows(trees: TreeRows, verdict: Verdict) -> torch.Tensor:
 
 
 @dataclass
-class RowStep:
-    """What accepting one sequence's step needs: the target's rule (`sampler`), the tree and the target's `logits`
-    after each of its nodes, the sequence so far, what ends it (EOS ids, `room` tokens left), and what its policy
-    reads (the draft's `greedy_depth`, its `statistics`, the tree itself when `with_tree`)."""
-
-    sampler: TargetSampler
-    tree: DraftTree
-    logits: torch.Tensor
-    sequence: torch.Tensor
-    eos_token_ids: torch.Tensor
-    room: int
-    greedy_depth: torch.Tensor
-    statistics: torch.Tensor | None = None
-    with_tree: bool = False
-
-    def accept(self, compact: bool = True) -> tuple[Verdict, torch.Tensor, PackedStep]:
-        """Accept on the device (`compact`: see `TargetSampler.accept`): the verdict, the tokens emitted and the
-        packed results, not yet read."""
-        verdict = self.sampler.accept(self.tree, self.logits, self.sequence, compact)
-        tokens = emitted_tokens(self.tree, verdict)
-        step = pack_step(
-            self.tree,
-            verdict,
-            tokens,
-            self.eos_token_ids,
-            self.room,
-            self.greedy_depth,
-            self.statistics,
-            self.with_tree,
-        )
-        return verdict, tokens, step
-
-
-def accept_rows(rows: list[RowStep]) -> list[tuple[Verdict, torch.Tensor, StepReport]]:
-    """Accept every sequence's tree on the device and read all their results at once: per row its verdict, the tokens
-    it emits and its report. Rows whose sampled verdict is in doubt are drawn again from the full rows (a second read,
-    only then). One sequence is a batch of one."""
-    results: list[Any] = [None] * len(rows)
-    todo = list(range(len(rows)))
-    for compact in (True, False):
-        packed = []
-        for b in todo:
-            packed.append((b, *rows[b].accept(compact)))
-        if len(packed) == 1:
-            values = packed[0][3].values.tolist()
-        else:
-            device = rows[0].tree.tokens.device
-            values = torch.cat([step.values.to(device) for *_, step in packed]).tolist()
-        todo, offset = [], 0
-        for b, verdict, tokens, step in packed:
-            report = unpack_step(values[offset : offset + step.values.shape[0]], step)
-            offset += step.values.shape[0]
-            results[b] = (verdict, tokens, report)
-            if report.doubt and compact:
-                todo.append(b)
-        if not todo:
-            break
-    return results
-
-
-@dataclass
 class PackedStep:
     """A step's results on the device as one float64 vector, and the sizes that cut it back into a `StepReport`."""
 
@@ -125,32 +62,15 @@ class PackedStep:
     with_tree: bool
 
 
-def pack_step(
-    tree: DraftTree,
-    verdict: Verdict,
-    tokens: torch.Tensor,
-    eos_token_ids: torch.Tensor,
-    room: int,
-    greedy_depth: torch.Tensor,
-    statistics: torch.Tensor | None = None,
-    with_tree: bool = False,
-) -> PackedStep:
-    """Settle EOS and the budget on the device and pack what the host must know (rows of a batch are packed apart,
-    concatenated and read once)."""
-    statistics = None if statistics is None else statistics[None]
-    values = pack_rows(
-        tree.rows(),
-        verdict.as_rows(),
-        tokens[None],
-        eos_token_ids[None],
-        [room],
-        greedy_depth[None],
-        statistics,
-        with_tree,
-    )
-    return PackedStep(
-        values[0], tree.size, tokens.shape[0], values.shape[1] - packed_width(tree, tokens, with_tree), with_tree
-    )
+def read_rows(
+    packed: torch.Tensor, trees: TreeRows, tokens: torch.Tensor, with_tree: bool, sizes: list[int] | None = None
+) -> list[StepReport]:
+    """Read a step's packed rows (`pack_rows`) once and cut each into its `StepReport`; `sizes` are the rows' own
+    node counts when their trees are padded (all `trees.size` by default)."""
+    values = packed.tolist()
+    width = packed_width(trees, tokens, with_tree)
+    layout = PackedStep(packed[0], trees.size, tokens.shape[1], packed.shape[1] - width, with_tree)
+    return [unpack_step(row, layout, None if sizes is None else sizes[b]) for b, row in enumerate(values)]
 
 
 def packed_width(tree: DraftTree | TreeRows, tokens: torch.Tensor, with_tree: bool) -> int:
@@ -168,7 +88,8 @@ def pack_rows(
     statistics: torch.Tensor | None = None,
     with_tree: bool = False,
 ) -> torch.Tensor:
-    """`pack_step` of every row at once, a float64 `(B, values)` matrix read in one go: `tokens` (B, depth + 1) are
+    """Settle EOS and the budget on the device and pack what the host must know of every row, a float64
+    `(B, values)` matrix read in one go (`read_rows`): `tokens` (B, depth + 1) are
     each row's emitted tokens, `eos_token_ids` (B, E) its EOS ids (padded with -1), `rooms` its tokens left,
     `statistics` (B, s) its policy's values."""
     device = tokens.device

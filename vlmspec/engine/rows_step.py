@@ -19,15 +19,7 @@ from .accept import Verdict, accept_greedy_rows, accept_sampled_rows
 from .choice import NodeProcessing, TargetSampler
 from .counting import arange, host_values
 from .draft import Drafted, proposal_log_probs, proposal_log_probs_rows
-from .report import (
-    PackedStep,
-    RowStep,
-    StepReport,
-    emitted_rows,
-    pack_rows,
-    packed_width,
-    unpack_step,
-)
+from .report import StepReport, emitted_rows, pack_rows, read_rows
 from .row_runner import RowRunner
 from .tree import TreeRows, TreeShape
 
@@ -52,6 +44,20 @@ class RowsDrafted:
         tree = self.trees.row(b, self.sizes[b], self.depths[b])
         return Drafted(
             tree, self.root_log_probs[b], self.cached_depths[b], self.greedy_depth[b], self.forwards, self.fed_tokens
+        )
+
+    @staticmethod
+    def one(grown: Drafted) -> RowsDrafted:
+        """One tree as a batch of one (views)."""
+        return RowsDrafted(
+            grown.tree.rows(),
+            grown.root_log_probs[None],
+            [grown.cached_depth],
+            grown.greedy_depth[None],
+            [grown.tree.size],
+            [grown.tree.depth],
+            grown.forwards,
+            grown.fed_tokens,
         )
 
     @staticmethod
@@ -214,11 +220,13 @@ def accept_all(
     rooms: list[int],
     statistics: torch.Tensor | None,
     with_tree: bool,
+    compact: bool = True,
 ) -> RowsVerdict:
     """Accept every row's tree from the target's `logits` (B, N, V) and read all rows' results at once. Greedy rows
     take the target's choices, sampling rows recursive rejection (rows of both rules in one batch are accepted both
-    ways, each keeping its own); a sampled row whose verdict is in doubt is accepted again alone from its full rows
-    (a second read, only then). `trees` are `drafted.trees` where the target's logits are."""
+    ways, each keeping its own); a sampled row whose verdict is in doubt (see `NodeProcessing.distribution`,
+    `compact`) is accepted again alone from its full rows (a second read, only then). `trees` are `drafted.trees`
+    where the target's logits are. One sequence is a batch of one."""
     rules = [s.do_sample for s in samplers]
     processings = [s.processing for s in samplers]
     plain = uniform_processing(processings)
@@ -228,7 +236,7 @@ def accept_all(
         scores = processings[0].process_rows(logits, sequences, trees.tokens, trees.ancestors)
     else:
         ancestors = trees.row_ancestors()
-        scores = torch.stack(
+        scores = _stacked(
             [p.process(logits[b], sequences[b], trees.tokens[b], ancestors[b]) for b, p in enumerate(processings)]
         )
     greedy = None if all(rules) else accept_greedy_rows(trees, scores.argmax(-1))
@@ -237,11 +245,11 @@ def accept_all(
         if plain:
             probs, doubt = scores.softmax(-1), None
         elif isinstance(sequences, torch.Tensor):
-            probs, doubt = processings[0].distribution_rows(scores, sequences)
+            probs, doubt = processings[0].distribution_rows(scores, sequences, compact)
         else:
-            distributions = [p.distribution(scores[b], sequences[b]) for b, p in enumerate(processings)]
-            probs = torch.stack([d[0] for d in distributions])
-            doubt = torch.stack([d[1] for d in distributions])
+            distributions = [p.distribution(scores[b], sequences[b], compact) for b, p in enumerate(processings)]
+            probs = _stacked([d[0] for d in distributions])
+            doubt = _stacked([d[1] for d in distributions])
         generators = [s.generator for s in samplers]
         own = None if all(g is None for g in generators) else generators
         verdict = accept_sampled_rows(trees, probs, own, drafted.sizes)
@@ -250,26 +258,34 @@ def accept_all(
             verdict = _by_rule(host_values(rules, trees.tokens.device).bool(), verdict, greedy)
     tokens = emitted_rows(trees, verdict)
     packed = pack_rows(trees, verdict, tokens, eos_token_ids, rooms, drafted.greedy_depth, statistics, with_tree)
-    values = packed.tolist()
-    width = packed_width(trees, tokens, with_tree)
-    layout = PackedStep(packed[0], trees.size, tokens.shape[1], packed.shape[1] - width, with_tree)
-    reports = [unpack_step(row, layout, drafted.sizes[b]) for b, row in enumerate(values)]
+    reports = read_rows(packed, trees, tokens, with_tree, drafted.sizes)
     for b, report in enumerate(reports):
         if report.doubt:
-            reports[b] = _accept_again(
-                drafted,
-                b,
-                logits[b],
-                samplers[b],
-                sequences[b : b + 1] if isinstance(sequences, torch.Tensor) else sequences[b],
-                eos_token_ids[b],
-                rooms[b],
-                statistics,
+            again = accept_all(
+                RowsDrafted.one(drafted.row(b)),
+                trees.row(b, drafted.sizes[b], drafted.depths[b]).rows(),
+                logits[b : b + 1, : drafted.sizes[b]],
+                samplers[b : b + 1],
+                sequences[b : b + 1],
+                eos_token_ids[b : b + 1],
+                rooms[b : b + 1],
+                None if statistics is None else statistics[b : b + 1],
                 with_tree,
-                verdict,
-                tokens,
+                compact=False,
             )
+            depth = again.tokens.shape[1]
+            verdict.path[b].zero_()
+            verdict.path[b, :depth] = again.verdict.path[0]
+            verdict.accepted[b] = again.verdict.accepted[0]
+            verdict.bonus[b] = again.verdict.bonus[0]
+            tokens[b, :depth] = again.tokens[0]
+            reports[b] = again.reports[0]
     return RowsVerdict(verdict, tokens, reports)
+
+
+def _stacked(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """`torch.stack(parts)`, a view for one part."""
+    return parts[0][None] if len(parts) == 1 else torch.stack(parts)
 
 
 def _by_rule(sampling: torch.Tensor, sampled: Verdict, greedy: Verdict) -> Verdict:
@@ -282,35 +298,3 @@ def _by_rule(sampling: torch.Tensor, sampled: Verdict, greedy: Verdict) -> Verdi
         torch.where(sampling, sampled.bonus, greedy.bonus),
         doubt,
     )
-
-
-def _accept_again(
-    drafted: RowsDrafted,
-    b: int,
-    logits: torch.Tensor,
-    sampler: TargetSampler,
-    sequence: torch.Tensor,
-    eos_token_ids: torch.Tensor,
-    room: int,
-    statistics: torch.Tensor | None,
-    with_tree: bool,
-    verdict: Verdict,
-    tokens: torch.Tensor,
-) -> StepReport:
-    """Row `b`'s sampled verdict drawn again from its full rows, written into the batch's `verdict` and `tokens`;
-    returns its report (read alone)."""
-    grown = drafted.row(b)
-    tree = grown.tree.to(logits.device)
-    own_statistics = None if statistics is None else statistics[b]
-    row = RowStep(
-        sampler, tree, logits[: tree.size], sequence, eos_token_ids, room, grown.greedy_depth, own_statistics, with_tree
-    )
-    own, emitted, step = row.accept(compact=False)
-    report = unpack_step(step.values.tolist(), step)
-    depth = emitted.shape[0]
-    verdict.path[b].zero_()
-    verdict.path[b, :depth] = own.path
-    verdict.accepted[b] = own.accepted
-    verdict.bonus[b] = own.bonus
-    tokens[b, :depth] = emitted
-    return report
