@@ -6,7 +6,7 @@ import torch
 
 from vlmspec.engine.accept import accept_greedy
 from vlmspec.engine.cache import SlabCache
-from vlmspec.engine.tree import DraftTree, TreeBuilder, rank_tree_shape
+from vlmspec.engine.tree import DraftTree, TreeBuilder, rank_tree_shape, with_edges
 from vlmspec.policies import SPECVLM_TREE, RankTreePlan, resolve_policy
 
 
@@ -204,3 +204,11 @@ def test_a_batchs_rows_share_their_policys_fixed_plan():
     policy.plan().select(1, torch.zeros(1), torch.zeros(1, 4), 25)
     rows = [policy.for_row() for _ in range(3)]
     assert all(row is not policy and row.plan() is policy.plan() for row in rows)
+
+
+def test_visibility_blocks_of_many_trees_get_their_edges_each():
+    blocks = torch.rand(3, 4, 5, generator=torch.Generator().manual_seed(0)) > 0.5
+    edged = with_edges(blocks)
+    for b in range(3):
+        assert torch.equal(edged[b], with_edges(blocks[b]))
+    assert not edged[..., -2].any() and edged[..., -1].all() and torch.equal(edged[..., :-2], blocks)

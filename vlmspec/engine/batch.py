@@ -40,7 +40,7 @@ from .rows_step import (
 )
 from .schedule import Admission
 from .stats import PhaseTimer, SpecStats
-from .tree import rank_tree_shape
+from .tree import rank_tree_shape, with_edges
 
 
 @dataclass
@@ -321,12 +321,12 @@ class BatchDecoder:
         draft_starts, target_starts = list(draft.lengths), list(target.lengths)
         with timer("drafting"):
             drafted, draft_forwards, draft_tokens = self._draft(rows, plans, draft)
-        trees = [d.tree.to(target.device) for d in drafted]
         with timer("verification"):
-            requests = [RowForward(t.tokens, t.depths, t.ancestors, target_starts[b]) for b, t in enumerate(trees)]
-            logits = target.forward(requests)
-        with timer("acceptance"):
             stacked = RowsDrafted.stacked(drafted, target.device, draft_forwards, draft_tokens)
+            trees = stacked.trees
+            start = target.positions(host_values(target_starts, target.device))
+            logits = target.forward_rows(trees.tokens, trees.depths, start, with_edges(trees.ancestors), stacked.sizes)
+        with timer("acceptance"):
             policy = rows[0].policy
             accepted = accept_all(
                 stacked,

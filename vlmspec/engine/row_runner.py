@@ -103,10 +103,11 @@ class RowRunner:
         counts: list[int] | None = None,
     ) -> torch.Tensor:
         """Every row feeds `tokens` (B, q) at positions `start[b] + depths` (`depths` (q,) or (B, q)); row b's first
-        `counts[b]` (all, by default) enter its cache. With `visible` (q, w) every row's query i sees, of the row's
-        last w keys after this forward (its own and earlier tree levels'), the marked ones, and every key before them;
-        with None, the row's keys up to its own (a causal block). Returns the logits (B, q, V). A fixed number of
-        operations, whatever the rows."""
+        `counts[b]` (all, by default) enter its cache. With `visible` (q, w), as `with_edges` gives it (q, w + 2),
+        every row's query i sees, of the row's last w keys after this forward (its own and earlier tree levels'), the
+        marked ones, and every key before them; with (B, q, w + 2) each row marks its own (trees of different
+        shapes); with None, the row's keys up to its own (a causal block). Returns the logits (B, q, V). A fixed
+        number of operations, whatever the rows."""
         cache, device = self.cache, self.device
         rows, q = tokens.shape
         cache.prepare(q)
@@ -114,8 +115,12 @@ class RowRunner:
         if visible is None:
             seen = relative[:, None, :] <= arange(q, device)[None, :, None]
         else:
-            width = visible.shape[1] - 2
-            seen = visible[:, (relative - (q - width)).clamp(-1, width)].transpose(0, 1)
+            width = visible.shape[-1] - 2
+            columns = (relative - (q - width)).clamp(-1, width)
+            if visible.ndim == 2:
+                seen = visible[:, columns].transpose(0, 1)
+            else:  # the last column (index -1) is the one for the keys before the block
+                seen = visible.gather(2, (columns % (width + 2))[:, None, :].expand(-1, q, -1))
         return self._run(tokens, start[:, None] + depths, seen, [q] * rows if counts is None else counts)
 
     def positions(self, index: torch.Tensor) -> torch.Tensor:

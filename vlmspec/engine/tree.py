@@ -30,10 +30,11 @@ def additive_mask(visible: torch.Tensor, dtype: torch.dtype, prefix_len: int = 0
 
 
 def with_edges(visible: torch.Tensor) -> torch.Tensor:
-    """A (q, w) visibility block as `RowRunner.forward_rows` takes it, (q, w + 2): column w stands for the keys after
-    the block (unseen), the last column for those before it (seen), so one clamped index says what each key is."""
-    edges = visible.new_tensor([False, True]).expand(visible.shape[0], 2)
-    return torch.cat([visible, edges], dim=1)
+    """A (..., q, w) visibility block as `RowRunner.forward_rows` takes it, (..., q, w + 2): column w stands for the
+    keys after the block (unseen), the last column for those before it (seen), so one clamped index says what each
+    key is."""
+    edge = visible.shape[:-1] + (1,)
+    return torch.cat([visible, visible.new_zeros(edge), visible.new_ones(edge)], dim=-1)
 
 
 @dataclass
