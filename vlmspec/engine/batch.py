@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from ..adapters import VisualLayout
-from ..policies import BatchShape, RankTreePlan, TreePlan, TreePolicy
+from ..policies import AdaptiveTreePlan, BatchShape, RankTreePlan, TreePlan, TreePolicy
 from ..pruning import VerifierScores, scoring
 from .choice import NodeProcessing, TargetSampler
 from .commit import CommitPlan, plan_commit
@@ -35,6 +35,7 @@ from .rows_step import (
     RowsVerdict,
     accept_all,
     common_processing,
+    draft_adaptive_rows,
     draft_rows,
     uniform_processing,
 )
@@ -310,30 +311,42 @@ class BatchDecoder:
         self.single.draft.cache = None
 
     def _step(self, rows: list[_Row], target: RowRunner, draft: RowRunner, timer: PhaseTimer) -> None:
-        """One draft -> verify -> accept -> commit step of every row: as `(B, N)` tensors when every row drafts the
-        same tree of rank paths under one rule (greedy or sampling), else row by row."""
+        """One draft -> verify -> accept -> commit step of every row: as `(B, N)` tensors of one structure when every
+        row drafts the same tree of rank paths under one rule (greedy or sampling); else as trees of their own
+        structure, grown together when they are SAGE's (`draft_adaptive_rows`), row by row otherwise (sage-gt's)."""
         step_started = time.perf_counter()
         plans = self.policy.plan_batch([row.policy for row in rows])
         if _same_rank_tree(plans) and len({row.settings.sampler.do_sample for row in rows}) == 1:
             self._step_together(rows, plans[0], target, draft, timer, step_started)
             return
-        self._tokens.forget()
+        adaptive = _adaptive(plans)
+        if adaptive:
+            processings = [row.settings.draft_processing for row in rows]
+            samplers = [row.settings.sampler for row in rows]
+            sequences, draft_sequences, kept = self._row_sequences(rows, processings, samplers, target.device)
+        else:
+            self._tokens.forget()
+            sequences, kept = [row.sink.sequence for row in rows], "sinks"
         draft_starts, target_starts = list(draft.lengths), list(target.lengths)
         with timer("drafting"):
-            drafted, draft_forwards, draft_tokens = self._draft(rows, plans, draft)
+            if adaptive:
+                stacked = self._draft_adaptive(rows, plans, draft, processings, draft_sequences)
+                drafted = [stacked.row(b) for b in range(len(rows))]
+            else:
+                drafted, draft_forwards, draft_tokens = self._draft(rows, plans, draft)
+                stacked = RowsDrafted.stacked(drafted, target.device, draft_forwards, draft_tokens)
         with timer("verification"):
-            stacked = RowsDrafted.stacked(drafted, target.device, draft_forwards, draft_tokens)
-            trees = stacked.trees
+            trees = stacked.trees.to(target.device)
             start = target.positions(host_values(target_starts, target.device))
             logits = target.forward_rows(trees.tokens, trees.depths, start, with_edges(trees.ancestors), stacked.sizes)
         with timer("acceptance"):
             policy = rows[0].policy
             accepted = accept_all(
                 stacked,
-                stacked.trees,
+                trees,
                 logits,
                 [row.settings.sampler for row in rows],
-                [row.sink.sequence for row in rows],
+                sequences,
                 self._eos_rows(rows, target.device),
                 [row.sink.room for row in rows],
                 policy.statistics(stacked.root_log_probs),
@@ -349,11 +362,14 @@ class BatchDecoder:
             drafted,
             accepted.reports,
             list(accepted.tokens),
-            (len(rows) * stacked.trees.size, draft_forwards, draft_tokens),
+            (len(rows) * trees.size, stacked.forwards, stacked.fed_tokens),
             (target_starts, draft_starts, fed),
             timer,
             step_started,
+            on_device=kept == "sinks",
         )
+        if kept == "batch":
+            self._tokens.take(accepted.tokens, [report.count for report in accepted.reports])
 
     def _step_together(
         self,
@@ -523,6 +539,29 @@ class BatchDecoder:
         plan = plan_commit(accepted.reports, counts, cached, [None] * len(rows), target.device, draft.device)
         self._keep(rows, plan, target, draft, target_starts, draft_starts)
 
+    def _draft_adaptive(
+        self,
+        rows: list[_Row],
+        plans: list[AdaptiveTreePlan],
+        draft: RowRunner,
+        processings: list[NodeProcessing | None],
+        sequences: RowSequences,
+    ) -> RowsDrafted:
+        """Grow every row's SAGE tree together (`draft_adaptive_rows`) under the rows' `processings` of the draft's
+        logits, over their tokens so far (`sequences`)."""
+        pending, counts = self._pending_rows(rows, draft.device)
+        return draft_adaptive_rows(
+            draft,
+            plans,
+            pending,
+            counts,
+            [row.settings.max_new_tokens - row.sink.new_tokens - 1 for row in rows],
+            self.vocab_limit,
+            self.draft_input_limit,
+            processings,
+            sequences,
+        )
+
     def _draft(self, rows: list[_Row], plans: list[TreePlan], draft: RowRunner) -> tuple[list[Drafted], int, int]:
         """Grow every row's tree, one batched draft forward per level (rows whose tree is done feed nothing), then read
         which slots of every padded tree are real at once; returns the trees, the draft forwards and the tokens they
@@ -648,6 +687,13 @@ PREFILL_PADDING = 0.25
 def _same_objects(held: list[Any], now: list[Any]) -> bool:
     """Whether `now` lists the very objects `held` does, in order."""
     return len(held) == len(now) and all(a is b for a, b in zip(held, now, strict=True))
+
+
+def _adaptive(plans: list[TreePlan]) -> bool:
+    """Whether every plan is a SAGE tree (`AdaptiveTreePlan` itself) of one top-k and node cap, so the rows' trees
+    grow together (`draft_adaptive_rows`)."""
+    first = plans[0]
+    return all(type(p) is AdaptiveTreePlan and p.top_k == first.top_k and p.max_nodes == first.max_nodes for p in plans)
 
 
 def _same_rank_tree(plans: list[TreePlan]) -> bool:

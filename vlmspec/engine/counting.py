@@ -20,11 +20,11 @@ def arange(n: int, device: torch.device) -> torch.Tensor:
     return held[:n]
 
 
-def host_values(values: Sequence[int], device: torch.device) -> torch.Tensor:
-    """`values` (host integers) as an int64 tensor on `device`. On CUDA the copy starts from pinned memory without
+def host_values(values: Sequence[float], device: torch.device, dtype: torch.dtype = torch.long) -> torch.Tensor:
+    """`values` (host numbers) as a `dtype` tensor on `device`. On CUDA the copy starts from pinned memory without
     blocking: `torch.tensor(values, device=...)` waits for every queued kernel first (a pipeline drain, as costly as a
     read), while this one is ordered after them in the stream and the host goes on."""
     device = torch.device(device)
     if device.type != "cuda":
-        return torch.tensor(values, dtype=torch.long, device=device)
-    return torch.tensor(values, dtype=torch.long, pin_memory=True).to(device, non_blocking=True)
+        return torch.tensor(values, dtype=dtype, device=device)
+    return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)

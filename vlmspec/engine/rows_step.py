@@ -10,18 +10,21 @@ processors see each node's own sequence); without processors nothing here loops 
 
 from __future__ import annotations
 
+import bisect
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from ..policies import AdaptiveTreePlan
 from .accept import Verdict, accept_greedy_rows, accept_sampled_rows
 from .choice import NodeProcessing, TargetSampler
 from .counting import arange, host_values
 from .draft import Drafted, proposal_log_probs, proposal_log_probs_rows
 from .report import StepReport, emitted_rows, pack_rows, read_rows
 from .row_runner import RowRunner
-from .tree import TreeRows, TreeShape
+from .tree import TreeRows, TreeShape, with_edges
 
 
 @dataclass
@@ -38,12 +41,20 @@ class RowsDrafted:
     depths: list[int]
     forwards: int
     fed_tokens: int
+    slots: list[list[int]] | None = None
 
     def row(self, b: int) -> Drafted:
         """Row `b`'s tree cut to its valid nodes, as the one-row drafter would have grown it (views)."""
         tree = self.trees.row(b, self.sizes[b], self.depths[b])
+        slots = None if self.slots is None else self.slots[b]
         return Drafted(
-            tree, self.root_log_probs[b], self.cached_depths[b], self.greedy_depth[b], self.forwards, self.fed_tokens
+            tree,
+            self.root_log_probs[b],
+            self.cached_depths[b],
+            self.greedy_depth[b],
+            self.forwards,
+            self.fed_tokens,
+            slots,
         )
 
     @staticmethod
@@ -176,6 +187,156 @@ def draft_rows(
     return RowsDrafted(trees, root_log_probs[:, 0], cached, greedy_depth, sizes, row_depths, forwards, fed_tokens)
 
 
+def draft_adaptive_rows(
+    draft: RowRunner,
+    plans: Sequence[AdaptiveTreePlan],
+    pending: torch.Tensor,
+    counts: list[int],
+    max_depths: list[int],
+    vocab_limit: int,
+    input_limit: int,
+    processings: Sequence[NodeProcessing | None],
+    sequences: RowSequences,
+) -> RowsDrafted:
+    """Grow every row's SAGE tree, each of its own depth and width, with one draft forward per level over all rows.
+
+    Each level is a fixed number of slots for every row (as the masked one-row drafter grows it, sized for the widest
+    row): each row keeps the children its own plan selects (`AdaptiveTreePlan.select`, its widths and thresholds held
+    as tensors), first by frontier slot then rank, the rest masked. One read of every row's real slots then gathers
+    each row's tree to its own nodes, so every row gets the tree the one-row drafter grows for it (per-row structure,
+    padded; `slots` maps each node to the slot the draft was fed it at). Arguments as `draft_rows`'.
+    """
+    device = pending.device
+    rows = pending.shape[0]
+    top_k, max_nodes = plans[0].top_k, plans[0].max_nodes
+    row_depths = [max(0, min(plan.depth, limit)) for plan, limit in zip(plans, max_depths, strict=True)]
+    levels = max(row_depths)
+    last = host_values([c - 1 for c in counts], device)
+    start = draft.positions(host_values(draft.lengths, device))
+    fed = pending.clamp_max(input_limit - 1)
+    logits = draft.forward_rows(fed, arange(fed.shape[1], device), start, None, counts)
+    root_logits = logits.gather(1, last[:, None, None].expand(rows, 1, logits.shape[2]))[:, 0]
+    plain = uniform_processing(processings)
+    capacity = 1 + levels * max_nodes
+    tokens = torch.zeros(rows, capacity, dtype=torch.long, device=device)
+    log_probs = torch.zeros(rows, capacity, device=device)
+    parents = torch.full((rows, capacity), -1, dtype=torch.long, device=device)
+    ranks = torch.zeros(rows, capacity, dtype=torch.long, device=device)
+    depths = torch.zeros(capacity, dtype=torch.long, device=device)
+    ancestors = torch.zeros(rows, capacity, capacity, dtype=torch.bool, device=device)
+    ancestors[:, 0, 0] = True
+    valid = torch.zeros(rows, capacity, dtype=torch.bool, device=device)
+    valid[:, 0] = True
+    tokens[:, 0] = pending.gather(1, last[:, None])[:, 0]
+    root_log_probs, root_order = _log_probs(root_logits[:, None], plain, processings, sequences, vocab_limit)
+    child_log_probs, child_order = root_log_probs, root_order
+    root_position = start + last
+    deep_enough = host_values(row_depths, device)
+    real_nodes = torch.zeros(rows, dtype=torch.long, device=device)
+    rank_row = arange(top_k, device).float()
+    size, frontier, level_ends = 1, slice(0, 1), [1]
+    cached_depth, forwards, fed_tokens = 0, 1, rows * fed.shape[1]
+    for level in range(1, levels + 1):
+        top = child_order.topk(top_k, dim=-1)
+        top_log_probs = top.values if child_order is child_log_probs else child_log_probs.gather(-1, top.indices)
+        parent_log_probs = log_probs[:, frontier]
+        # Each row's W_l (W at the first level, W / l below, scaled by 0.5 + P_parent) and log theta_l, as its plan
+        # computes them on the host.
+        scale = [plan.width if level == 1 else plan.width / level for plan in plans]
+        bounds = host_values(scale + [math.log(plan.threshold(level)) for plan in plans], device, torch.float32)
+        width = bounds[:rows, None] if level == 1 else bounds[:rows, None] * (0.5 + parent_log_probs.exp())
+        cumulative = parent_log_probs[:, :, None] + top_log_probs
+        keep = (rank_row < width[:, :, None]) & (cumulative > bounds[rows:, None, None])
+        keep &= (deep_enough >= level)[:, None, None]
+        count = min(parent_log_probs.shape[1] * max(plan.max_children(level) for plan in plans), max_nodes)
+        if size - 1 + count > max_nodes:
+            # The node cap may bind: each row keeps its best children within what it has left.
+            order = cumulative.masked_fill(~keep, -torch.inf).flatten(1).argsort(dim=1, descending=True, stable=True)
+            rank = torch.empty_like(order).scatter_(1, order, arange(order.shape[1], device).expand(rows, -1))
+            keep &= (rank < (max_nodes - real_nodes)[:, None]).view_as(keep)
+        kept = keep.flatten(1)
+        order = torch.argsort((~kept).to(torch.uint8), dim=1, stable=True)[:, :count]
+        new = slice(size, size + count)
+        level_valid = kept.gather(1, order)
+        parent_slots = order // top_k + frontier.start
+        tokens[:, new] = top.indices.flatten(1).gather(1, order)
+        log_probs[:, new] = cumulative.flatten(1).gather(1, order).masked_fill(~level_valid, -torch.inf)
+        parents[:, new] = parent_slots
+        ranks[:, new] = order % top_k
+        depths[new] = level
+        ancestors[:, new] = ancestors.gather(1, parent_slots[:, :, None].expand(-1, -1, capacity))
+        ancestors[:, new, new].diagonal(dim1=1, dim2=2).fill_(True)
+        valid[:, new] = level_valid
+        real_nodes = real_nodes + level_valid.sum(1)
+        size = new.stop
+        level_ends.append(size)
+        if level == levels:
+            break
+        visible = with_edges(ancestors[:, new, 1:size])
+        logits = draft.forward_rows(tokens[:, new], depths[new], root_position, visible)
+        forwards, fed_tokens = forwards + 1, fed_tokens + rows * count
+        child_log_probs, child_order = _log_probs(
+            logits, plain, processings, sequences, vocab_limit, tokens[:, :size], ancestors[:, new, :size]
+        )
+        frontier = new
+        cached_depth = level
+    # The step's one read for the trees: every row's real slots.
+    real = [[slot for slot, keep in enumerate(flags) if keep] for flags in valid[:, :size].tolist()]
+    trees, greedy_depth = _gathered(tokens, log_probs, parents, depths, ancestors, ranks, real)
+    tree_depths = [bisect.bisect_right(level_ends, slots[-1]) for slots in real]
+    trees.depth = max(tree_depths)
+    sizes = [len(slots) for slots in real]
+    cached = [cached_depth] * rows
+    return RowsDrafted(
+        trees, root_log_probs[:, 0], cached, greedy_depth, sizes, tree_depths, forwards, fed_tokens, real
+    )
+
+
+def _gathered(
+    tokens: torch.Tensor,
+    log_probs: torch.Tensor,
+    parents: torch.Tensor,
+    depths: torch.Tensor,
+    ancestors: torch.Tensor,
+    ranks: torch.Tensor,
+    real: list[list[int]],
+) -> tuple[TreeRows, torch.Tensor]:
+    """Each row's `real` slots of its padded levels gathered into a tree of its own nodes (per-row structure, padded
+    to the largest, the padding invalid), and how deep each row's draft top-1 path reaches in it (B,)."""
+    device = tokens.device
+    rows, n, width = len(real), max(len(slots) for slots in real), tokens.shape[1]
+    remap = [[0] * width for _ in real]
+    for b, slots in enumerate(real):
+        for node, slot in enumerate(slots):
+            remap[b][slot] = node
+    padded = [slots + [0] * (n - len(slots)) for slots in real]
+    flat = [v for row in padded for v in row] + [v for row in remap for v in row] + [len(slots) for slots in real]
+    written = host_values(flat, device)
+    index = written[: rows * n].view(rows, n)
+    new_index = written[rows * n : rows * n + rows * width].view(rows, width)
+    own = arange(n, device)
+    is_real = own[None] < written[rows * n + rows * width :, None]
+    node_parents = new_index.gather(1, parents.gather(1, index).clamp_min(0))
+    node_parents = torch.where(is_real, node_parents, own[None])
+    node_parents[:, 0] = -1
+    by_row = ancestors.gather(1, index[:, :, None].expand(-1, -1, ancestors.shape[2]))
+    node_ancestors = by_row.gather(2, index[:, None, :].expand(-1, n, -1))
+    node_ancestors &= is_real[:, :, None] & is_real[:, None, :]
+    node_depths = depths[index]
+    node_ranks = ranks.gather(1, index)
+    on_path = ~(node_ancestors & (node_ranks != 0)[:, None, :]).any(dim=2)
+    trees = TreeRows(
+        tokens.gather(1, index),
+        log_probs.gather(1, index).masked_fill(~is_real, -torch.inf),
+        node_parents,
+        node_depths,
+        node_ancestors,
+        0,
+        is_real,
+    )
+    return trees, (node_depths * on_path * is_real).amax(dim=1)
+
+
 def _log_probs(
     logits: torch.Tensor,
     plain: bool,
@@ -191,9 +352,15 @@ def _log_probs(
         return proposal_log_probs_rows(logits, None, vocab_limit, sequences)
     if isinstance(sequences, torch.Tensor):
         return proposal_log_probs_rows(logits, processings[0], vocab_limit, sequences, tokens, ancestors)
+    own = ancestors is not None and ancestors.ndim == 3
     parts = [
         proposal_log_probs(
-            logits[b], processing, vocab_limit, sequences[b], None if tokens is None else tokens[b], ancestors
+            logits[b],
+            processing,
+            vocab_limit,
+            sequences[b],
+            None if tokens is None else tokens[b],
+            ancestors[b] if own else ancestors,
         )
         for b, processing in enumerate(processings)
     ]
