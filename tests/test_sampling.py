@@ -173,11 +173,13 @@ def test_every_row_of_a_sampled_batch_follows_its_prompts_exact_distribution():
 
 
 @pytest.mark.parametrize("penalty", [None, 2.0])
-def test_rows_drafting_one_shape_together_draw_what_each_draws_alone_from_its_own_generator(penalty):
-    """Sampled chains at batch size 4 (every row's step as one set of tensors, the rows' processors in one call) and
-    one at a time (the one-sequence engine), each prompt with its own seeded generator, with and without a repetition
-    penalty (which reads each row's own tokens): the same tokens, row for row."""
-    spec = SpeculativeVLM(FAMILY.target, FAMILY.drafts["noisy"], policy="chain")
+@pytest.mark.parametrize("policy", ["chain", "sage"])
+def test_rows_drafting_together_draw_what_each_draws_alone_from_its_own_generator(policy, penalty):
+    """Sampled chains, or SAGE's trees of each row's own shape, at batch size 4 (every row's step as one set of
+    tensors, the rows' processors in one call) and one at a time (the one-sequence engine), each prompt with its own
+    seeded generator, with and without a repetition penalty (which reads each row's own tokens): the same tokens, row
+    for row (so each row's tree is the one it grows alone)."""
+    spec = SpeculativeVLM(FAMILY.target, FAMILY.drafts["noisy"], policy=policy)
 
     def run(batch_size: int) -> dict[tuple[str, int], list[int]]:
         items = [
