@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from ..adapters import VisualLayout
-from ..policies import AdaptiveTreePlan, BatchShape, RankTreePlan, TreePlan, TreePolicy
+from ..policies import AdaptiveTreePlan, BatchShape, CostAwareTreePlan, RankTreePlan, TreePlan, TreePolicy
 from ..pruning import VerifierScores, scoring
 from .choice import NodeProcessing, TargetSampler
 from .commit import CommitPlan, plan_commit
@@ -690,10 +690,15 @@ def _same_objects(held: list[Any], now: list[Any]) -> bool:
 
 
 def _adaptive(plans: list[TreePlan]) -> bool:
-    """Whether every plan is a SAGE tree (`AdaptiveTreePlan` itself) of one top-k and node cap, so the rows' trees
-    grow together (`draft_adaptive_rows`)."""
+    """Whether every plan is a SAGE tree, or every one a sage-gt tree over one calibration, of one top-k, so the rows'
+    trees grow together (`draft_adaptive_rows`)."""
     first = plans[0]
-    return all(type(p) is AdaptiveTreePlan and p.top_k == first.top_k and p.max_nodes == first.max_nodes for p in plans)
+    if type(first) not in (AdaptiveTreePlan, CostAwareTreePlan):
+        return False
+    same = [type(p) is type(first) and p.top_k == first.top_k for p in plans]
+    if isinstance(first, CostAwareTreePlan):
+        same = [s and p.calibration is first.calibration for s, p in zip(same, plans, strict=True)]
+    return all(same)
 
 
 def _same_rank_tree(plans: list[TreePlan]) -> bool:

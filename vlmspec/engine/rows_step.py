@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..policies import AdaptiveTreePlan
+from ..policies import AdaptiveTreePlan, CostAwareTreePlan
 from .accept import Verdict, accept_greedy_rows, accept_sampled_rows
 from .choice import NodeProcessing, TargetSampler
 from .counting import arange, host_values
@@ -198,18 +198,21 @@ def draft_adaptive_rows(
     processings: Sequence[NodeProcessing | None],
     sequences: RowSequences,
 ) -> RowsDrafted:
-    """Grow every row's SAGE tree, each of its own depth and width, with one draft forward per level over all rows.
+    """Grow every row's SAGE (or sage-gt) tree, each of its own depth and width, with one draft forward per level over
+    all rows.
 
     Each level is a fixed number of slots for every row (as the masked one-row drafter grows it, sized for the widest
-    row): each row keeps the children its own plan selects (`AdaptiveTreePlan.select`, its widths and thresholds held
-    as tensors), first by frontier slot then rank, the rest masked. One read of every row's real slots then gathers
+    row): each row keeps the children its own plan selects (`AdaptiveTreePlan.select`, or `CostAwareTreePlan.select`
+    with the rows' shared calibration, its widths, thresholds or node prices held as tensors), first by frontier slot
+    then rank, the rest masked. One read of every row's real slots then gathers
     each row's tree to its own nodes, so every row gets the tree the one-row drafter grows for it (per-row structure,
     padded; `slots` maps each node to the slot the draft was fed it at). Arguments as `draft_rows`'.
     """
     device = pending.device
     rows = pending.shape[0]
-    top_k, max_nodes = plans[0].top_k, plans[0].max_nodes
-    row_depths = [max(0, min(plan.depth, limit)) for plan, limit in zip(plans, max_depths, strict=True)]
+    top_k, caps = plans[0].top_k, [plan.max_nodes for plan in plans]
+    row_depths = [max(0, min(plan.levels(True), limit)) for plan, limit in zip(plans, max_depths, strict=True)]
+    valued = isinstance(plans[0], CostAwareTreePlan)
     levels = max(row_depths)
     last = host_values([c - 1 for c in counts], device)
     start = draft.positions(host_values(draft.lengths, device))
@@ -217,7 +220,7 @@ def draft_adaptive_rows(
     logits = draft.forward_rows(fed, arange(fed.shape[1], device), start, None, counts)
     root_logits = logits.gather(1, last[:, None, None].expand(rows, 1, logits.shape[2]))[:, 0]
     plain = uniform_processing(processings)
-    capacity = 1 + levels * max_nodes
+    capacity = 1 + levels * max(caps)
     tokens = torch.zeros(rows, capacity, dtype=torch.long, device=device)
     log_probs = torch.zeros(rows, capacity, device=device)
     parents = torch.full((rows, capacity), -1, dtype=torch.long, device=device)
@@ -233,6 +236,11 @@ def draft_adaptive_rows(
     root_position = start + last
     deep_enough = host_values(row_depths, device)
     real_nodes = torch.zeros(rows, dtype=torch.long, device=device)
+    room = host_values(caps, device)
+    if valued:
+        table = plans[0].calibration.table(device)
+        explore = host_values([plan.explore for plan in plans], device, torch.bool)
+        parent_values = torch.ones(rows, 1, device=device)
     rank_row = arange(top_k, device).float()
     size, frontier, level_ends = 1, slice(0, 1), [1]
     cached_depth, forwards, fed_tokens = 0, 1, rows * fed.shape[1]
@@ -242,18 +250,29 @@ def draft_adaptive_rows(
         parent_log_probs = log_probs[:, frontier]
         # Each row's W_l (W at the first level, W / l below, scaled by 0.5 + P_parent) and log theta_l, as its plan
         # computes them on the host.
+        # Each row's W_l (W at the first level, W / l below, scaled by 0.5 + P_parent) and its floor (log theta_l for
+        # SAGE, the node price for sage-gt), as its plan computes them on the host.
         scale = [plan.width if level == 1 else plan.width / level for plan in plans]
-        bounds = host_values(scale + [math.log(plan.threshold(level)) for plan in plans], device, torch.float32)
+        floors = [plan.node_floor if valued else math.log(plan.threshold(level)) for plan in plans]
+        bounds = host_values(scale + floors, device, torch.float32)
         width = bounds[:rows, None] if level == 1 else bounds[:rows, None] * (0.5 + parent_log_probs.exp())
         cumulative = parent_log_probs[:, :, None] + top_log_probs
-        keep = (rank_row < width[:, :, None]) & (cumulative > bounds[rows:, None, None])
+        if valued:
+            # sage-gt: a child is worth its calibrated acceptance times its parent's.
+            scores = plans[0].calibration.rate(top_log_probs, table) * parent_values[:, :, None]
+            keep = (scores > bounds[rows:, None, None]) & (rank_row < width[:, :, None])
+            if level == 1:
+                keep[:, 0, 0] |= explore
+        else:
+            scores = cumulative
+            keep = (rank_row < width[:, :, None]) & (cumulative > bounds[rows:, None, None])
         keep &= (deep_enough >= level)[:, None, None]
-        count = min(parent_log_probs.shape[1] * max(plan.max_children(level) for plan in plans), max_nodes)
-        if size - 1 + count > max_nodes:
-            # The node cap may bind: each row keeps its best children within what it has left.
-            order = cumulative.masked_fill(~keep, -torch.inf).flatten(1).argsort(dim=1, descending=True, stable=True)
+        count = min(parent_log_probs.shape[1] * max(plan.max_children(level) for plan in plans), max(caps))
+        if size - 1 + count > min(caps):
+            # A node cap may bind: each row keeps its best children within what it has left.
+            order = scores.masked_fill(~keep, -torch.inf).flatten(1).argsort(dim=1, descending=True, stable=True)
             rank = torch.empty_like(order).scatter_(1, order, arange(order.shape[1], device).expand(rows, -1))
-            keep &= (rank < (max_nodes - real_nodes)[:, None]).view_as(keep)
+            keep &= (rank < (room - real_nodes)[:, None]).view_as(keep)
         kept = keep.flatten(1)
         order = torch.argsort((~kept).to(torch.uint8), dim=1, stable=True)[:, :count]
         new = slice(size, size + count)
@@ -268,6 +287,8 @@ def draft_adaptive_rows(
         ancestors[:, new, new].diagonal(dim1=1, dim2=2).fill_(True)
         valid[:, new] = level_valid
         real_nodes = real_nodes + level_valid.sum(1)
+        if valued:
+            parent_values = scores.flatten(1).gather(1, order) * level_valid
         size = new.stop
         level_ends.append(size)
         if level == levels:

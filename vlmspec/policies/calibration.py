@@ -13,6 +13,8 @@ from collections.abc import Sequence
 
 import torch
 
+from ..engine.counting import host_values
+
 
 class AcceptanceCalibration:
     """Acceptance rate per bin of the draft's conditional probability, and the chance that a path goes on.
@@ -47,8 +49,10 @@ class AcceptanceCalibration:
         the entries' upper edges in log-probability, for `torch.bucketize`."""
         version, tables = self._tables.get(device, (-1, None))
         if version != self._version:
-            values = torch.tensor([0.0, *self.rates], dtype=torch.float32, device=device)
-            edges = torch.tensor([-math.inf, *(math.log((i + 1) / self.bins) for i in range(self.bins))], device=device)
+            edges = [-math.inf, *(math.log((i + 1) / self.bins) for i in range(self.bins))]
+            # One copy that does not wait for the device: the table changes with every observed step.
+            both = host_values([0.0, *self.rates, *edges], device, torch.float32)
+            values, edges = both[: self.bins + 1], both[self.bins + 1 :]
             tables = (values, edges)
             self._tables[device] = (self._version, tables)
         return tables
