@@ -8,6 +8,7 @@ import torch
 from conftest import FAMILIES, on_device
 
 from vlmspec import MemoryBudgetError, SageConfig, SageGtConfig, SpeculativeVLM
+from vlmspec.policies import AdaptiveTreePlan, TreePlan, TreePolicy
 
 #: Rows of different prompt lengths: text, an image, a video and a long prompt.
 ROWS = ("text", "image", "video", "long_prompt")
@@ -128,6 +129,22 @@ def test_greedy_and_sampling_prompts_in_one_batch_each_decode_as_alone(qwen, pol
     alone = spec.generate(**qwen.cases["video"], **sampling, generator=torch.Generator().manual_seed(3))
     assert torch.equal(results["greedy"], greedy)
     assert torch.equal(results["sampled"], alone)
+
+
+class NoNodes(TreePolicy):
+    """Entropy-shaped trees capped at no node at all: every step is a plain one."""
+
+    def plan(self) -> TreePlan:
+        return AdaptiveTreePlan(3, 4.0, max_nodes=0, top_k=10, threshold_scale=0.1)
+
+
+def test_rows_whose_trees_may_hold_no_node_decode_plain_steps_exactly(qwen):
+    spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"], NoNodes())
+    items = [(case, qwen.cases[case]) for case in ("image", "video")]
+    results = {r.key: r for r in spec.stream(items, batch_size=2, do_sample=False, max_new_tokens=8)}
+    for case, result in results.items():
+        assert torch.equal(result.sequence, qwen.target.generate(**qwen.cases[case], do_sample=False, max_new_tokens=8))
+        assert all(step.accepted == 0 for step in result.stats.steps)
 
 
 def test_prompts_that_finish_at_their_prefill_do_not_end_the_stream(qwen):

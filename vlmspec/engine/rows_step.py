@@ -201,18 +201,22 @@ def draft_adaptive_rows(
     """Grow every row's SAGE (or sage-gt) tree, each of its own depth and width, with one draft forward per level over
     all rows.
 
-    Each level is a fixed number of slots for every row (as the masked one-row drafter grows it, sized for the widest
-    row): each row keeps the children its own plan selects (`AdaptiveTreePlan.select`, or `CostAwareTreePlan.select`
-    with the rows' shared calibration, its widths, thresholds or node prices held as tensors), first by frontier slot
-    then rank, the rest masked. One read of every row's real slots then gathers
-    each row's tree to its own nodes, so every row gets the tree the one-row drafter grows for it (per-row structure,
-    padded; `slots` maps each node to the slot the draft was fed it at). Arguments as `draft_rows`'.
+    Each level is one number of slots for every row: a fixed one, as the masked one-row drafter sizes it for the
+    widest row (on accelerators; always for sage-gt), or, unmasked (SAGE on the CPU, where a read costs nothing and a
+    forward's tokens cost compute), the most children a row keeps, read level by level. Each row keeps the children
+    its own plan selects (`AdaptiveTreePlan.select`, or `CostAwareTreePlan.select` with the rows' shared
+    calibration; its widths, thresholds or node prices held as tensors), first by frontier slot then rank, the rest
+    masked. One read of every row's real slots then gathers each row's tree to its own nodes, so every row gets the
+    tree the one-row drafter grows for it (per-row structure, padded; `slots` maps each node to the slot the draft
+    was fed it at). Arguments as `draft_rows`'.
     """
     device = pending.device
     rows = pending.shape[0]
     top_k, caps = plans[0].top_k, [plan.max_nodes for plan in plans]
     row_depths = [max(0, min(plan.levels(True), limit)) for plan, limit in zip(plans, max_depths, strict=True)]
     valued = isinstance(plans[0], CostAwareTreePlan)
+    # sage-gt's unmasked growth reads level by level whether the next one pays; at batch its levels are masked.
+    masked = valued or (plans[0].masked if plans[0].masked is not None else device.type != "cpu")
     levels = max(row_depths)
     last = host_values([c - 1 for c in counts], device)
     start = draft.positions(host_values(draft.lengths, device))
@@ -267,13 +271,20 @@ def draft_adaptive_rows(
             scores = cumulative
             keep = (rank_row < width[:, :, None]) & (cumulative > bounds[rows:, None, None])
         keep &= (deep_enough >= level)[:, None, None]
-        count = min(parent_log_probs.shape[1] * max(plan.max_children(level) for plan in plans), max(caps))
-        if size - 1 + count > min(caps):
+        bound = parent_log_probs.shape[1] * max(plan.max_children(level) for plan in plans)
+        count = min(bound, max(caps))
+        if size - 1 + (count if masked else bound) > min(caps):
             # A node cap may bind: each row keeps its best children within what it has left.
             order = scores.masked_fill(~keep, -torch.inf).flatten(1).argsort(dim=1, descending=True, stable=True)
             rank = torch.empty_like(order).scatter_(1, order, arange(order.shape[1], device).expand(rows, -1))
             keep &= (rank < (room - real_nodes)[:, None]).view_as(keep)
         kept = keep.flatten(1)
+        if not masked:
+            # As the one-row drafter grows unmasked: the level holds the most children a row keeps (one read), and
+            # the growth stops at the first level no row adds to.
+            count = int(kept.sum(1).max())
+        if count == 0:  # (masked: every row's node cap is 0, a plain step)
+            break
         order = torch.argsort((~kept).to(torch.uint8), dim=1, stable=True)[:, :count]
         new = slice(size, size + count)
         level_valid = kept.gather(1, order)
