@@ -132,19 +132,14 @@ def draft_rows(
     rows = pending.shape[0]
     depth = min(shape.depth, max(max_depths))
     n = shape.level_ends[depth]
-    last = host_values([c - 1 for c in counts], device)
-    start = draft.positions(host_values(draft.lengths, device))
-    fed = pending.clamp_max(input_limit - 1)
-    logits = draft.forward_rows(fed, arange(fed.shape[1], device), start, None, counts)
-    root_logits = logits.gather(1, last[:, None, None].expand(rows, 1, logits.shape[2]))[:, 0]
+    root_logits, root, root_position, fed_tokens = _root_forward(draft, pending, counts, input_limit)
     plain = uniform_processing(processings)
     tokens = torch.empty(rows, n, dtype=torch.long, device=device)
     log_probs = torch.zeros(rows, n, device=device)
-    tokens[:, 0] = pending.gather(1, last[:, None])[:, 0]
+    tokens[:, 0] = root
     root_log_probs, root_order = _log_probs(root_logits[:, None], plain, processings, sequences, vocab_limit)
     child_log_probs, child_order = root_log_probs, root_order
-    root_position = start + last
-    cached_depth, forwards, fed_tokens = 0, 1, rows * fed.shape[1]
+    cached_depth, forwards = 0, 1
     for level in range(1, depth + 1):
         frontier, new = shape.level(level - 1), shape.level(level)
         top = child_order.topk(top_k, dim=-1)
@@ -187,6 +182,21 @@ def draft_rows(
     return RowsDrafted(trees, root_log_probs[:, 0], cached, greedy_depth, sizes, row_depths, forwards, fed_tokens)
 
 
+def _root_forward(
+    draft: RowRunner, pending: torch.Tensor, counts: list[int], input_limit: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """Feed every row's tokens the draft has not seen (its first `counts[b]` of `pending` (B, P)) in one forward;
+    returns the draft's logits after each row's root (its last pending token) (B, V), the roots (B,), their
+    positions (B,) and the tokens the forward carried (padding included)."""
+    device, rows = pending.device, pending.shape[0]
+    last = host_values([c - 1 for c in counts], device)
+    start = draft.positions(host_values(draft.lengths, device))
+    fed = pending.clamp_max(input_limit - 1)
+    logits = draft.forward_rows(fed, arange(fed.shape[1], device), start, None, counts)
+    root_logits = logits.gather(1, last[:, None, None].expand(rows, 1, logits.shape[2]))[:, 0]
+    return root_logits, pending.gather(1, last[:, None])[:, 0], start + last, rows * fed.shape[1]
+
+
 def draft_adaptive_rows(
     draft: RowRunner,
     plans: Sequence[AdaptiveTreePlan],
@@ -218,11 +228,7 @@ def draft_adaptive_rows(
     # sage-gt's unmasked growth reads level by level whether the next one pays; at batch its levels are masked.
     masked = valued or (plans[0].masked if plans[0].masked is not None else device.type != "cpu")
     levels = max(row_depths)
-    last = host_values([c - 1 for c in counts], device)
-    start = draft.positions(host_values(draft.lengths, device))
-    fed = pending.clamp_max(input_limit - 1)
-    logits = draft.forward_rows(fed, arange(fed.shape[1], device), start, None, counts)
-    root_logits = logits.gather(1, last[:, None, None].expand(rows, 1, logits.shape[2]))[:, 0]
+    root_logits, root, root_position, fed_tokens = _root_forward(draft, pending, counts, input_limit)
     plain = uniform_processing(processings)
     capacity = 1 + levels * max(caps)
     tokens = torch.zeros(rows, capacity, dtype=torch.long, device=device)
@@ -234,10 +240,9 @@ def draft_adaptive_rows(
     ancestors[:, 0, 0] = True
     valid = torch.zeros(rows, capacity, dtype=torch.bool, device=device)
     valid[:, 0] = True
-    tokens[:, 0] = pending.gather(1, last[:, None])[:, 0]
+    tokens[:, 0] = root
     root_log_probs, root_order = _log_probs(root_logits[:, None], plain, processings, sequences, vocab_limit)
     child_log_probs, child_order = root_log_probs, root_order
-    root_position = start + last
     deep_enough = host_values(row_depths, device)
     real_nodes = torch.zeros(rows, dtype=torch.long, device=device)
     room = host_values(caps, device)
@@ -247,7 +252,7 @@ def draft_adaptive_rows(
         parent_values = torch.ones(rows, 1, device=device)
     rank_row = arange(top_k, device).float()
     size, frontier, level_ends = 1, slice(0, 1), [1]
-    cached_depth, forwards, fed_tokens = 0, 1, rows * fed.shape[1]
+    cached_depth, forwards = 0, 1
     for level in range(1, levels + 1):
         top = child_order.topk(top_k, dim=-1)
         top_log_probs = top.values if child_order is child_log_probs else child_log_probs.gather(-1, top.indices)
