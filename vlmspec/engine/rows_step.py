@@ -257,8 +257,6 @@ def draft_adaptive_rows(
         top = child_order.topk(top_k, dim=-1)
         top_log_probs = top.values if child_order is child_log_probs else child_log_probs.gather(-1, top.indices)
         parent_log_probs = log_probs[:, frontier]
-        # Each row's W_l (W at the first level, W / l below, scaled by 0.5 + P_parent) and log theta_l, as its plan
-        # computes them on the host.
         # Each row's W_l (W at the first level, W / l below, scaled by 0.5 + P_parent) and its floor (log theta_l for
         # SAGE, the node price for sage-gt), as its plan computes them on the host.
         scale = [plan.width if level == 1 else plan.width / level for plan in plans]
