@@ -23,7 +23,7 @@ from ..adapters import VisualLayout
 from ..policies import AdaptiveTreePlan, BatchShape, CostAwareTreePlan, RankTreePlan, TreePlan, TreePolicy
 from ..pruning import VerifierScores, scoring
 from .choice import NodeProcessing, TargetSampler
-from .commit import CommitPlan, plan_commit
+from .commit import plan_commit
 from .counting import host_values
 from .draft import Drafted, Drafter, SlotsRead
 from .loop import DecodeSettings, Prefilled, SpeculativeDecoder, TokenSink, observe_step
@@ -32,7 +32,6 @@ from .row_runner import RowForward, RowRunner
 from .rows_step import (
     RowsDrafted,
     RowSequences,
-    RowsVerdict,
     accept_all,
     common_processing,
     draft_adaptive_rows,
@@ -313,16 +312,16 @@ class BatchDecoder:
     def _step(self, rows: list[_Row], target: RowRunner, draft: RowRunner, timer: PhaseTimer) -> None:
         """One draft -> verify -> accept -> commit step of every row: as `(B, N)` tensors of one structure when every
         row drafts the same tree of rank paths under one rule (greedy or sampling); else as trees of their own
-        structure, grown together when they are SAGE's (`draft_adaptive_rows`), row by row otherwise (sage-gt's)."""
+        structure, grown together when they are all SAGE's or all sage-gt's (`draft_adaptive_rows`), else row by row."""
         step_started = time.perf_counter()
         plans = self.policy.plan_batch([row.policy for row in rows])
         if _same_rank_tree(plans) and len({row.settings.sampler.do_sample for row in rows}) == 1:
             self._step_together(rows, plans[0], target, draft, timer, step_started)
             return
         adaptive = _adaptive(plans)
+        samplers = [row.settings.sampler for row in rows]
         if adaptive:
             processings = [row.settings.draft_processing for row in rows]
-            samplers = [row.settings.sampler for row in rows]
             sequences, draft_sequences, kept = self._row_sequences(rows, processings, samplers, target.device)
         else:
             self._tokens.forget()
@@ -345,7 +344,7 @@ class BatchDecoder:
                 stacked,
                 trees,
                 logits,
-                [row.settings.sampler for row in rows],
+                samplers,
                 sequences,
                 self._eos_rows(rows, target.device),
                 [row.sink.room for row in rows],
@@ -355,7 +354,7 @@ class BatchDecoder:
             timer.collect()
         with timer("tree_update"):
             fed = [row.pending.shape[0] for row in rows]
-            self._commit(rows, accepted.reports, drafted, target, draft, target_starts, draft_starts, fed)
+            self._commit(rows, accepted.reports, stacked, target, draft, target_starts, draft_starts, fed)
         self._finish(
             rows,
             plans,
@@ -423,7 +422,7 @@ class BatchDecoder:
             )
             timer.collect()
         with timer("tree_update"):
-            self._commit_together(rows, accepted, drafted, counts, target, draft, target_starts, draft_starts)
+            self._commit(rows, accepted.reports, drafted, target, draft, target_starts, draft_starts, counts)
         self._finish(
             rows,
             [plan] * len(rows),
@@ -522,23 +521,6 @@ class BatchDecoder:
             self._eos = held = (ids, matrix)
         return held[1]
 
-    def _commit_together(
-        self,
-        rows: list[_Row],
-        accepted: RowsVerdict,
-        drafted: RowsDrafted,
-        counts: list[int],
-        target: RowRunner,
-        draft: RowRunner,
-        target_starts: list[int],
-        draft_starts: list[int],
-    ) -> None:
-        """Keep every row's accepted path in both caches and hold the tokens each row's draft has not seen yet as
-        the next step's pending tensor."""
-        cached = drafted.cached_depths
-        plan = plan_commit(accepted.reports, counts, cached, [None] * len(rows), target.device, draft.device)
-        self._keep(rows, plan, target, draft, target_starts, draft_starts)
-
     def _draft_adaptive(
         self,
         rows: list[_Row],
@@ -606,35 +588,17 @@ class BatchDecoder:
         self,
         rows: list[_Row],
         reports: list[StepReport],
-        drafted: list[Drafted],
+        drafted: RowsDrafted,
         target: RowRunner,
         draft: RowRunner,
         target_starts: list[int],
         draft_starts: list[int],
         fed: list[int],
     ) -> None:
-        """Keep each row's accepted path in both caches and set the tokens its draft has not seen yet."""
-        plan = plan_commit(
-            reports,
-            fed,
-            [grown.cached_depth for grown in drafted],
-            [grown.slots for grown in drafted],
-            target.device,
-            draft.device,
-        )
-        self._keep(rows, plan, target, draft, target_starts, draft_starts)
-
-    def _keep(
-        self,
-        rows: list[_Row],
-        plan: CommitPlan,
-        target: RowRunner,
-        draft: RowRunner,
-        target_starts: list[int],
-        draft_starts: list[int],
-    ) -> None:
-        """Carry out a step's commit: both caches keep every row's offsets at once, and each row holds its pending
-        tokens (views of the plan's, which the next step feeds as they are while the rows stay the same)."""
+        """Keep every row's accepted path in both caches (one gather each) and hold the tokens each row's draft has
+        not seen yet: views of the plan's `(B, P)` tensor, which the next step feeds as it is while the rows stay."""
+        slots = drafted.slots or [None] * len(rows)
+        plan = plan_commit(reports, fed, drafted.cached_depths, slots, target.device, draft.device)
         target.keep_rows(target_starts, plan.target, plan.target_counts)
         draft.keep_rows(draft_starts, plan.draft, plan.draft_counts)
         for b, row in enumerate(rows):

@@ -30,8 +30,9 @@ from .tree import TreeRows, TreeShape, with_edges
 @dataclass
 class RowsDrafted:
     """Every row's tree of a step, the draft's root log-probabilities (B, V), how many levels of each row's tree the
-    draft cache holds, each row's greedy depth (B,) and valid nodes (`sizes`, host), and the draft forwards and
-    tokens fed (padding included)."""
+    draft cache holds, each row's greedy depth (B,) and valid nodes (`sizes`, host), the draft forwards and tokens
+    fed (padding included), and each row's map from node to the slot the draft was fed it at when its levels were
+    padded (`slots`; None, or None for a row, where nodes and slots coincide)."""
 
     trees: TreeRows
     root_log_probs: torch.Tensor
@@ -41,7 +42,7 @@ class RowsDrafted:
     depths: list[int]
     forwards: int
     fed_tokens: int
-    slots: list[list[int]] | None = None
+    slots: Sequence[list[int] | None] | None = None
 
     def row(self, b: int) -> Drafted:
         """Row `b`'s tree cut to its valid nodes, as the one-row drafter would have grown it (views)."""
@@ -85,6 +86,7 @@ class RowsDrafted:
             [d.tree.depth for d in grown],
             forwards,
             fed_tokens,
+            [d.slots for d in grown],
         )
 
 
