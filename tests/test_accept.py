@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from one_tree import accept_sampled
 
-from vlmspec.engine.accept import Verdict, accept_sampled, accept_sampled_rows, draw
+from vlmspec.engine.accept import Verdict, accept_sampled_rows, draw
 from vlmspec.engine.tree import DraftTree, TreeBuilder, TreeRows, rank_tree_shape
 from vlmspec.testing.distribution import g_test
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
+from one_tree import accept_greedy, emitted_tokens
 
-from vlmspec.engine.accept import accept_greedy
-from vlmspec.engine.report import emitted_tokens, pack_rows, read_rows
+from vlmspec.engine.report import pack_rows, read_rows
 from vlmspec.engine.tree import TreeBuilder
 from vlmspec.eval.profile import LaunchCounter
 

@@ -5,10 +5,11 @@ budget included (their deeper nodes invalid)."""
 from __future__ import annotations
 
 import torch
+from one_tree import accept_greedy, accept_sampled, emitted_tokens
 
-from vlmspec.engine.accept import Verdict, accept_greedy, accept_greedy_rows, accept_sampled, accept_sampled_rows
+from vlmspec.engine.accept import Verdict, accept_greedy_rows, accept_sampled_rows
 from vlmspec.engine.commit import plan_commit
-from vlmspec.engine.report import StepReport, emitted_rows, emitted_tokens, pack_rows
+from vlmspec.engine.report import StepReport, emitted_rows, pack_rows
 from vlmspec.engine.tree import DraftTree, TreeRows, rank_tree_shape
 from vlmspec.policies import RankTreePlan
 from vlmspec.policies.static import SPECVLM_TREE

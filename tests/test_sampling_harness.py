@@ -7,10 +7,11 @@ from collections.abc import Callable, Sequence
 
 import pytest
 import torch
+from one_tree import accept_sampled, deepest
 from sampling_cases import ALPHA, FAMILY, NEW_TOKENS, SAMPLES, WARPS, exact, speculative_test
 
 import vlmspec.engine.rows_step
-from vlmspec.engine.accept import Verdict, accept_sampled, deepest, draw
+from vlmspec.engine.accept import Verdict, draw
 from vlmspec.engine.tree import DraftTree, TreeRows
 from vlmspec.testing.distribution import continuations, eos_ids, g_test
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from .counting import arange
-from .tree import DraftTree, TreeRows
+from .tree import TreeRows
 
 
 @dataclass
@@ -41,14 +41,9 @@ class Verdict:
         return Verdict(self.path[b], self.accepted[b], self.bonus[b], None if self.doubt is None else self.doubt[b])
 
 
-def accept_greedy(tree: DraftTree, target_choice: torch.Tensor) -> Verdict:
-    """The deepest node whose whole path equals the target's choices, and the target's choice after it (one tree:
-    `accept_greedy_rows` over a batch of one)."""
-    return accept_greedy_rows(tree.rows(), target_choice[None]).row(0)
-
-
 def accept_greedy_rows(trees: TreeRows, target_choice: torch.Tensor) -> Verdict:
-    """`accept_greedy` for every row at once: `target_choice` (B, N) is the target's token after each node.
+    """In every row, the deepest node whose whole path equals the target's choices, and the target's choice after it:
+    `target_choice` (B, N) is the target's token after each node.
 
     Siblings carry distinct tokens, so at most one node per depth can agree with the target.
     """
@@ -60,13 +55,18 @@ def accept_greedy_rows(trees: TreeRows, target_choice: torch.Tensor) -> Verdict:
     return Verdict(path, accepted, target_choice.gather(1, best[:, None])[:, 0])
 
 
-def accept_sampled(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None = None) -> Verdict:
-    """Recursive rejection over each node's children, in draft rank order: the accepted path and the bonus token
-    (one tree: `accept_sampled_rows` over a batch of one).
+def accept_sampled_rows(
+    trees: TreeRows,
+    probs: torch.Tensor,
+    generators: Sequence[torch.Generator | None] | None = None,
+    sizes: Sequence[int] | None = None,
+) -> Verdict:
+    """Recursive rejection over each node's children, in draft rank order: every row's accepted path and bonus token.
 
-    `probs` (n, V) is the target's processed distribution p after every node. At a node, child x_j is accepted with
-    probability p'_j(x_j), where p'_j is p with the already rejected x_1..x_{j-1} removed and renormalised; an
-    accepted child is descended into; when every child is rejected the bonus token is drawn from p' without them.
+    `probs` (B, N, V) is each row's target distribution p (processed) after each of its nodes. At a node, child x_j
+    is accepted with probability p'_j(x_j), where p'_j is p with the already rejected x_1..x_{j-1} removed and
+    renormalised; an accepted child is descended into; when every child is rejected the bonus token is drawn from p'
+    without them.
     Exactness: (1) x_j is accepted with prod_{i<j} (1 - p'_i(x_i)) p'_j(x_j) = p(x_j), the product telescoping
     since 1 - p'_i(x_i) = (1 - P_{i+1}) / (1 - P_i) with P_i = sum_{l<i} p(x_l); (2) all are rejected with
     probability 1 - P_{k+1}, and a token t outside the children is then drawn with p(t) / (1 - P_{k+1}), so with
@@ -76,17 +76,6 @@ def accept_sampled(tree: DraftTree, probs: torch.Tensor, generator: torch.Genera
     One uniform u per node realises all of its trials at once: x_j is accepted when P_j <= u < P_j + p(x_j), which
     has the probabilities of (1); all children are rejected when u >= P_{k+1}. Children are deterministic (the
     draft's top ranks), so no draft probability enters the rule.
-    """
-    return accept_sampled_rows(tree.rows(), probs[None], None if generator is None else [generator]).row(0)
-
-
-def accept_sampled_rows(
-    trees: TreeRows,
-    probs: torch.Tensor,
-    generators: Sequence[torch.Generator | None] | None = None,
-    sizes: Sequence[int] | None = None,
-) -> Verdict:
-    """`accept_sampled` for every row at once: `probs` (B, N, V) is each row's target distribution after each node.
 
     Invalid nodes (`trees.valid`) are not children at all: their mass stays with the bonus draw. Without
     `generators` all rows draw from the global RNG together; with them, row b draws its uniforms (the first
@@ -113,15 +102,9 @@ def accept_sampled_rows(
     return Verdict(path, count, draw_rows(bonus_weights, generators))
 
 
-def deepest(tree: DraftTree, accepted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The deepest node all of whose path nodes are `accepted` (the first such, in node order): its path by depth
-    `(tree.depth + 1,)` (0 past its depth), its depth and its index, all on the device."""
-    path, depth, best = deepest_rows(tree.rows(), accepted[None])
-    return path[0], depth[0], best[0]
-
-
 def deepest_rows(trees: TreeRows, accepted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`deepest` for every row of `accepted` (B, N) at once: paths (B, depth + 1), depths and indices (B,)."""
+    """In every row of `accepted` (B, N), the deepest node all of whose path nodes are accepted (the first such, in
+    node order): its path by depth (B, depth + 1) (0 past its depth), its depth and its index (B,), on the device."""
     ancestors, depths = trees.row_ancestors(), trees.row_depths()
     valid = ~(ancestors & ~accepted[:, None, :]).any(dim=2)
     best = (depths * valid).argmax(dim=1)

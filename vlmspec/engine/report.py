@@ -39,13 +39,9 @@ class StepReport:
     tree_log_probs: list[float] | None = None
 
 
-def emitted_tokens(tree: DraftTree, verdict: Verdict) -> torch.Tensor:
-    """`(tree.depth + 1,)`: the accepted draft tokens, then the bonus token (what follows it is padding)."""
-    return emitted_rows(tree.rows(), verdict.as_rows())[0]
-
-
 def emitted_rows(trees: TreeRows, verdict: Verdict) -> torch.Tensor:
-    """`emitted_tokens` of every row at once (B, depth + 1)."""
+    """Every row's emitted tokens (B, depth + 1): the accepted draft tokens, then the bonus token (what follows it is
+    padding)."""
     bonus = verdict.bonus[:, None]
     tokens = torch.cat([trees.tokens.gather(1, verdict.path[:, 1:]), bonus], dim=1)
     return tokens.scatter(1, verdict.accepted[:, None], bonus)

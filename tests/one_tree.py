@@ -1,0 +1,30 @@
+"""The engine's row functions for one tree: a batch of one, for tests that state a rule on a single made-up tree."""
+
+from __future__ import annotations
+
+import torch
+
+from vlmspec.engine.accept import Verdict, accept_greedy_rows, accept_sampled_rows, deepest_rows
+from vlmspec.engine.report import emitted_rows
+from vlmspec.engine.tree import DraftTree
+
+
+def accept_greedy(tree: DraftTree, target_choice: torch.Tensor) -> Verdict:
+    """`accept_greedy_rows` of one tree; `target_choice` (N,)."""
+    return accept_greedy_rows(tree.rows(), target_choice[None]).row(0)
+
+
+def accept_sampled(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None = None) -> Verdict:
+    """`accept_sampled_rows` of one tree; `probs` (N, V)."""
+    return accept_sampled_rows(tree.rows(), probs[None], None if generator is None else [generator]).row(0)
+
+
+def deepest(tree: DraftTree, accepted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`deepest_rows` of one tree; `accepted` (N,)."""
+    path, depth, best = deepest_rows(tree.rows(), accepted[None])
+    return path[0], depth[0], best[0]
+
+
+def emitted_tokens(tree: DraftTree, verdict: Verdict) -> torch.Tensor:
+    """`emitted_rows` of one tree: (depth + 1,)."""
+    return emitted_rows(tree.rows(), verdict.as_rows())[0]
