@@ -1,5 +1,5 @@
-"""Compiled forwards: fixed shapes (padded tokens, a fixed cache, a mask over its capacity) decode exactly, eager
-and under `torch.compile`; `compile=` resolves as documented."""
+"""Compiled forwards: fixed shapes (padded tokens, a fixed cache, a mask over its capacity; for batches, rows padded
+to their bucket) decode exactly, eager and under `torch.compile`; `compile=` resolves as documented."""
 
 from __future__ import annotations
 
@@ -7,10 +7,19 @@ import logging
 
 import pytest
 import torch
+from test_batch import NEW_TOKENS, ROWS, assert_rows_equal_their_own_generate, early_eos, padded_batch
 
 from vlmspec import SpeculativeVLM
+from vlmspec.engine import row_runner
 from vlmspec.engine.cache import SlabCache, fixed_capacity
-from vlmspec.engine.compiled import COMPILE_ENV, compiled_forward, fixed_mask, padded_size, resolve_compile
+from vlmspec.engine.compiled import (
+    COMPILE_ENV,
+    compiled_forward,
+    fixed_mask,
+    padded_size,
+    resolve_compile,
+    row_bucket,
+)
 from vlmspec.engine.tree import additive_mask
 
 POLICIES = ("chain", "static-tree", "sage", "sage-gt")
@@ -25,6 +34,10 @@ def fixed_shapes(spec: SpeculativeVLM) -> SpeculativeVLM:
 
 def test_padded_sizes_are_powers_of_two_then_multiples_of_sixteen():
     assert [padded_size(n) for n in (1, 2, 3, 5, 8, 9, 16, 17, 26, 64, 65)] == [1, 2, 4, 8, 8, 16, 16, 32, 32, 64, 80]
+
+
+def test_row_buckets_are_powers_of_two():
+    assert [row_bucket(n) for n in (1, 2, 3, 4, 5, 9, 16, 17, 32)] == [1, 2, 4, 4, 8, 16, 16, 32, 32]
 
 
 def test_fixed_capacities_are_few_and_waste_at_most_an_eighth():
@@ -82,6 +95,35 @@ def test_fixed_shape_decoding_equals_target_generate_with_pruning_and_a_masked_s
     spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"], policy=SageConfig(fixed_shapes=True), compile="off")
     fixed_shapes(spec)
     assert torch.equal(spec.generate(**qwen.cases["video"], max_new_tokens=32), qwen.reference("video"))
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_fixed_shape_batches_decode_every_row_as_its_own_generate(family, policy, monkeypatch):
+    """Every batched forward pads its rows to their bucket and its tokens to a padded size, and attends over the cache's
+    capacity; one row stops early, so the bucket shrinks as rows finish."""
+    shapes = []
+    run = row_runner.RowRunner._run
+
+    def recorded(self, tokens, *args):
+        shapes.append((self.cache.fixed, self.cache.bucket, self.cache.span == self.cache.capacity))
+        return run(self, tokens, *args)
+
+    monkeypatch.setattr(row_runner.RowRunner, "_run", recorded)
+    batch = padded_batch(family)
+    eos = early_eos(family)
+    spec = fixed_shapes(SpeculativeVLM(family.target, family.drafts["noisy"], policy, compile="off"))
+    out = spec.generate(**batch, do_sample=False, max_new_tokens=NEW_TOKENS, eos_token_id=eos)
+    assert_rows_equal_their_own_generate(family, batch, out, ROWS, eos_token_id=eos)
+    assert all(fixed and spanned for fixed, _, spanned in shapes)
+    assert shapes[0][1] == 4 and shapes[-1][1] < 4
+
+
+def test_compiled_batches_decode_every_row_as_its_own_generate(qwen):
+    cases = ("image", "text")
+    batch = padded_batch(qwen, cases)
+    spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"], policy="chain", pruning=None, compile="on")
+    out = spec.generate(**batch, do_sample=False, max_new_tokens=NEW_TOKENS)
+    assert_rows_equal_their_own_generate(qwen, batch, out, cases)
 
 
 def test_compiled_decoding_equals_target_generate(qwen):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from vlmspec.engine.cache import SlabCache
+from vlmspec.engine.cache import SlabCache, fixed_capacity
 from vlmspec.engine.row_cache import RowCache
 
 CPU = torch.device("cpu")
@@ -110,3 +110,31 @@ def test_rows_grow_past_the_room_they_came_with():
     cache.prepare(10)
     assert cache.capacity >= 13
     assert torch.equal(row_keys(cache, 0), before)
+
+
+def test_a_fixed_cache_runs_forwards_over_a_bucket_of_slots_at_its_whole_capacity():
+    cache = RowCache([CPU] * LAYERS, slots=3, fixed=True)
+    for seed, n in enumerate((5, 2, 4)):
+        cache.append(prefilled(n, seed), room=4)
+    assert cache.slots == 4 and cache.capacity == fixed_capacity(5 + 4) == 256
+    cache.prepare(2)
+    assert cache.bucket == 4 and cache.span == cache.capacity
+    new = torch.arange(4 * HEADS * 2 * DIM, dtype=torch.float32).view(4, HEADS, 2, DIM) + 1
+    keys, _ = cache.layers[0].update(new, new)
+    assert keys.shape == (4, HEADS, cache.capacity, DIM)
+    cache.commit([2, 1, 0])
+    assert cache.lengths == [7, 3, 4]
+    assert torch.equal(row_keys(cache, 0)[:, 5:], new[0])
+    assert torch.equal(row_keys(cache, 1)[:, 2:], new[1, :, :1])
+    assert torch.equal(keys[3, :, :2], new[3])  # the free slot writes at its own start, where no row reads
+
+
+def test_a_fixed_cache_shrinks_its_bucket_as_rows_leave_and_grows_to_rounded_capacities():
+    cache = RowCache([CPU] * LAYERS, slots=4, fixed=True)
+    for seed in range(3):
+        cache.append(prefilled(3, seed), room=4)
+    cache.drop([0, 1])
+    cache.prepare(1)
+    assert cache.bucket == 1
+    cache.prepare(256)
+    assert cache.capacity == fixed_capacity(3 + 256) == 512

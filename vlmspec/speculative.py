@@ -117,7 +117,8 @@ class SpeculativeVLM:
                 vocab_limit,
                 self.pruning,
                 draft_input_limit=draft.get_input_embeddings().weight.shape[0],
-            )
+            ),
+            compiled_from=(self._target_runner, self._draft_runner),
         )
         self.last_stats: SpecStats | None = None
 
@@ -334,7 +335,7 @@ class SpeculativeVLM:
 
     def _one_at_a_time(self, requests: Iterable[RowRequest]) -> Iterator[RowResult]:
         """`stream` at batch size 1: each prompt through the one-sequence decoder, whose forwards attend to the cache
-        without a mask as wide as it and run compiled where the pair does (batched forwards run eager)."""
+        without a mask as wide as it."""
         for request in requests:
             if request.error is not None:
                 yield RowResult(request.key, None, None, request.error)

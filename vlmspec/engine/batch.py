@@ -38,6 +38,7 @@ from .rows_step import (
     draft_rows,
     uniform_processing,
 )
+from .runner import ModelRunner
 from .schedule import Admission
 from .stats import PhaseTimer, SpecStats
 from .tree import rank_tree_shape, with_edges
@@ -96,11 +97,13 @@ class BatchDecoder:
     """Lossless tree speculative decoding of many prompts, up to `batch_size` of them in flight at once.
 
     `single` is a one-sequence decoder of the pair, on runners of its own: it prefills the prompts that join (its
-    caches are copied into the batch's) and gives the batch its policy, pruning and vocabulary limits.
+    caches are copied into the batch's) and gives the batch its policy, pruning and vocabulary limits. `compiled_from`
+    are the pair's own runners (target, draft): the batch's forwards run compiled as theirs do, under their guard.
     """
 
-    def __init__(self, single: SpeculativeDecoder):
+    def __init__(self, single: SpeculativeDecoder, compiled_from: tuple[ModelRunner, ModelRunner] | None = None):
         self.single = single
+        self.compiled_from = compiled_from
         self.policy = single.policy
         self.vocab_limit = single.drafter.vocab_limit
         self.draft_input_limit = single.drafter.input_limit
@@ -123,9 +126,7 @@ class BatchDecoder:
         its prefill, is yielded as failed and the others go on. `stats` holds the batch's phase times afterwards.
         """
         admission = Admission(requests, batch_size, admit)
-        single = self.single
-        target = RowRunner(single.target.adapter, batch_size)
-        draft = RowRunner(single.draft.adapter, batch_size)
+        target, draft = self._runners(batch_size)
         rows: list[_Row] = []
         self.stats = SpecStats()
         timer = PhaseTimer(self.stats, target.device)
@@ -134,6 +135,7 @@ class BatchDecoder:
                 joining = admission.fill([row.request.positions for row in rows])
                 for request in joining.failed:
                     yield RowResult(request.key, None, None, request.error)
+                joined = len(rows)
                 for request, admitted in self._admit_all(joining.rows, target, draft):
                     if isinstance(admitted, Exception):
                         yield RowResult(request.key, None, None, admitted)
@@ -141,6 +143,8 @@ class BatchDecoder:
                         yield admitted.result()
                     else:
                         rows.append(admitted)
+                if len(rows) > joined:
+                    self._check_compiled(rows, target, draft)
                 if not rows:
                     if admission.exhausted:
                         timer.collect(wait=True)
@@ -158,6 +162,23 @@ class BatchDecoder:
                         yield row.result()
         finally:
             self._release()
+
+    def _runners(self, batch_size: int) -> tuple[RowRunner, RowRunner]:
+        """The batch's target and draft runners for up to `batch_size` rows, compiled as the pair's own runners are
+        now (eager once the pair fell back)."""
+        made = []
+        for role, single in (("target", self.single.target), ("draft", self.single.draft)):
+            own = None if self.compiled_from is None else self.compiled_from[len(made)]
+            compiled, guard = (None, None) if own is None else (own.compiled, own.guard)
+            made.append(RowRunner(single.adapter, batch_size, compiled, guard, role))
+        return made[0], made[1]
+
+    def _check_compiled(self, rows: list[_Row], target: RowRunner, draft: RowRunner) -> None:
+        """Check each model's compiled batched forwards against eager ones once (`RowRunner.check_compiled`), from the
+        rows' next tokens, before they decode."""
+        first = torch.stack([row.pending[0] for row in rows])
+        target.check_compiled(first)
+        draft.check_compiled(first.clamp_max(self.draft_input_limit - 1))
 
     def _admit_all(
         self, requests: list[RowRequest], target: RowRunner, draft: RowRunner

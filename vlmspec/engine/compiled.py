@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -27,7 +28,10 @@ from torch.utils._triton import has_triton
 from transformers import PreTrainedModel
 
 if TYPE_CHECKING:
+    from .row_runner import RowRunner
     from .runner import ModelRunner
+
+    Runner = ModelRunner | RowRunner
 
 logger = logging.getLogger(__name__)
 
@@ -42,9 +46,9 @@ _ATTRIBUTE = "_vlmspec_compiled"
 AUTO_DEVICE_TYPES = ("cuda",)
 #: Tokens of the greedy decode that checks, once per model under `"auto"`, its compiled forwards against eager ones.
 CHECK_TOKENS = 8
-#: Graphs one forward may hold (padded sizes x cache capacities x models); torch's default of 8 would send
-#: further shapes back to eager.
-RECOMPILE_LIMIT = 64
+#: Graphs one forward may hold (row buckets x padded sizes x cache capacities x models); torch's default of 8 would
+#: send further shapes back to eager.
+RECOMPILE_LIMIT = 256
 _NOTICES: set[tuple[int, str]] = set()
 
 
@@ -136,18 +140,19 @@ class CompileGuard:
 
     def __init__(self, setting: str | bool):
         self.strict = resolve_compile(setting) == "on"
-        self.runners: list[ModelRunner] = []
+        self.runners: weakref.WeakSet[Runner] = weakref.WeakSet()
 
-    def attach(self, runner: ModelRunner) -> None:
-        """Count `runner` (whose forwards run compiled) in the pair: a fallback turns it eager too."""
-        self.runners.append(runner)
+    def attach(self, runner: Runner) -> None:
+        """Count `runner` (whose forwards run compiled: the pair's own, or a batch's while it decodes) in the pair: a
+        fallback turns it eager too."""
+        self.runners.add(runner)
 
-    def needs_check(self, runner: ModelRunner) -> bool:
+    def needs_check(self, runner: Runner) -> bool:
         """Whether `runner`'s compiled forwards are still to be checked against its eager ones (under `"auto"` only)."""
         held = _held(runner.adapter.model)
         return not self.strict and runner.compiled is not None and held is not None and not held.checked
 
-    def passed(self, runner: ModelRunner) -> None:
+    def passed(self, runner: Runner) -> None:
         """`runner`'s model passed its check: no wrapper of it checks it again."""
         held = _held(runner.adapter.model)
         if held is not None:
@@ -159,7 +164,7 @@ class CompileGuard:
         if self.strict and error is not None:
             raise error
         reason = what if error is None else f"{what} raised {_describe(error)}"
-        for runner in self.runners:
+        for runner in list(self.runners):
             held = _held(runner.adapter.model)
             if held is not None:
                 held.failure = reason
@@ -203,6 +208,12 @@ def padded_size(count: int) -> int:
     if count <= 16:
         return 1 << max(0, count - 1).bit_length()
     return -(-count // 16) * 16
+
+
+def row_bucket(rows: int) -> int:
+    """The rows a compiled batched forward runs over for `rows` in flight: the next power of two, so a batch meets
+    few distinct shapes as its rows finish."""
+    return 1 << max(0, rows - 1).bit_length()
 
 
 def fixed_mask(block: torch.Tensor, end: int, size: int, capacity: int) -> torch.Tensor:

@@ -4,6 +4,10 @@ Rows are independent sequences: each holds its keys from index 0 up to its own l
 row's new keys at that row's length on. The slab has a slot per row the batch may hold; the rows in flight are the
 first slots, so forwards run over them alone. Keeping a step's accepted paths is one gather over all layers per
 device; a prefilled sequence is copied into the next free slot, and a finished row's slot takes the last row.
+
+A `fixed` cache serves compiled forwards: they run over a bucket of slots (`row_bucket`: the rows in flight rounded
+up to a power of two, the free slots feeding padding) and return every slot's keys up to a rounded capacity, so a
+forward's shapes depend only on its bucket, its padded token count and the capacity.
 """
 
 from __future__ import annotations
@@ -11,14 +15,16 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from .cache import SlabCache
+from .cache import SlabCache, fixed_capacity
+from .compiled import row_bucket
 from .counting import arange, host_values
 from .schedule import compaction
 
 
 class _RowLayer(CacheLayerMixin):
-    """One layer of a `RowCache`: writes each row's new keys at that row's write positions, returns the keys up to the
-    forward's span (the longest row's end)."""
+    """One layer of a `RowCache`: writes each row's new keys at that row's write positions (`write`, set by
+    `RowCache.prepare`), returns the keys up to the forward's span (the longest row's end), or a fixed cache's
+    whole bucket of slots (`bound`)."""
 
     is_sliding = False
     is_compileable = False
@@ -27,6 +33,8 @@ class _RowLayer(CacheLayerMixin):
         super().__init__()
         self.cache = cache
         self.index = index
+        self.write: torch.Tensor | None = None
+        self.bound: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.is_initialized = True
@@ -34,10 +42,12 @@ class _RowLayer(CacheLayerMixin):
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        keys, values = self.cache.layer_slab(self.index)
-        index = self.cache.write_index(key_states.device)[:, None, :, None].expand_as(key_states)
+        keys, values = self.bound if self.cache.fixed else self.cache.layer_slab(self.index)
+        index = self.write[:, None, :, None].expand_as(key_states)
         keys.scatter_(2, index, key_states)
         values.scatter_(2, index, value_states)
+        if self.cache.fixed:
+            return keys, values
         span = self.cache.span
         return keys[:, :, :span], values[:, :, :span]
 
@@ -54,13 +64,16 @@ class _RowLayer(CacheLayerMixin):
 class RowCache(Cache):
     """Keys and values of all layers for B rows, `(2 * layers there, B, kv heads, capacity, head dim)` per device.
 
-    `lengths` (host) are the rows' cached positions. Before a forward, `prepare(counts)` sets where each row writes
-    its `q` fed tokens (from its length on; a row feeding fewer writes its padding past its own end, where nothing
-    reads it) and the span the forward attends over; `commit(counts)` takes the first `counts[b]` in.
+    `lengths` (host) are the rows' cached positions. Before a forward, `prepare(q)` sets where each row writes its
+    `q` fed tokens (from its length on; a row feeding fewer writes its padding past its own end, where nothing reads
+    it) and the span the forward attends over; `commit(counts)` takes the first `counts[b]` in. A `fixed` cache's
+    forwards run over `bucket` slots (free slots write at their own start, where nothing reads) and span its
+    `capacity`, which grows to rounded sizes only.
     """
 
-    def __init__(self, layer_devices: list[torch.device], slots: int = 1):
-        self.slots = slots
+    def __init__(self, layer_devices: list[torch.device], slots: int = 1, fixed: bool = False):
+        self.fixed = fixed
+        self.slots = row_bucket(slots) if fixed else slots
         self.layer_devices = [torch.device(d) for d in layer_devices]
         super().__init__(layers=[_RowLayer(self, i) for i in range(len(layer_devices))])
         devices = sorted(set(self.layer_devices), key=str)
@@ -70,9 +83,9 @@ class RowCache(Cache):
         self.lengths: list[int] = []
         self.capacity = 0
         self.span = 0
-        self._write: torch.Tensor | None = None
+        self.bucket = 0
         self.starts: torch.Tensor | None = None
-        self._writes: dict[torch.device, torch.Tensor] = {}
+        self._views: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
 
     @property
     def rows(self) -> int:
@@ -84,32 +97,55 @@ class RowCache(Cache):
         place, rows = 2 * self._place[index], self.rows
         return slab[place, :rows], slab[place + 1, :rows]
 
-    def write_index(self, device: torch.device) -> torch.Tensor:
-        """`(B, q)`: the cache index each fed token of each row is written at, on `device`."""
-        index = self._writes.get(device)
-        if index is None:
-            index = self._writes[device] = self._write.to(device)
-        return index
-
     def prepare(self, q: int) -> None:
-        """Make room for `q` more tokens in every row and point the next forward's writes at the rows' ends."""
+        """Make room for `q` more tokens in every row and point the next forward's writes at the rows' ends (a fixed
+        cache's free slots of the bucket at their own start). `starts` (B or bucket,) are those ends."""
         end = max(self.lengths) + q
         self.reserve(end)
         device = next(iter(self._slabs.values())).device
-        lengths = self.starts = host_values(self.lengths, device)
-        self._write = lengths[:, None] + arange(q, device)
-        self._writes = {device: self._write}
-        self.span = end
+        lengths = self.lengths
+        if self.fixed:
+            self.bucket = row_bucket(self.rows)
+            lengths = lengths + [0] * (self.bucket - self.rows)
+        self.starts = host_values(lengths, device)
+        write = self.starts[:, None] + arange(q, device)
+        writes = {d: write.to(d) for d in self._slabs}
+        views = self._bound_views() if self.fixed else None
+        for index, layer in enumerate(self.layers):
+            layer.write = writes[self.layer_devices[index]]
+            if views is not None:
+                layer.bound = views[index]
+        self.span = self.capacity if self.fixed else end
+
+    def _bound_views(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Every layer's keys and values over the bucket's slots at full capacity: made once per bucket and slab (a
+        compiled forward's graph is kept for the very tensors it saw; on CUDA they are marked static, so its graphs
+        write into them in place)."""
+        views = self._views.get(self.bucket)
+        if views is None:
+            views = []
+            for index in range(len(self.layers)):
+                slab = self._slabs[self.layer_devices[index]]
+                place = 2 * self._place[index]
+                pair = (slab[place, : self.bucket], slab[place + 1, : self.bucket])
+                if slab.device.type == "cuda":
+                    for tensor in pair:
+                        torch._dynamo.mark_static_address(tensor)
+                views.append(pair)
+            self._views[self.bucket] = views
+        return views
 
     def commit(self, counts: list[int]) -> None:
         """Take in the first `counts[b]` tokens each row fed to the last forward."""
         self.lengths = [length + count for length, count in zip(self.lengths, counts, strict=True)]
 
     def reserve(self, end: int) -> None:
-        """Grow every slab (by doubling at least) so each row can hold `end` positions."""
+        """Grow every slab (by doubling at least, a fixed one to a rounded size) so each row can hold `end`
+        positions."""
         if end <= self.capacity:
             return
-        capacity = max(end, 2 * self.capacity)
+        capacity = fixed_capacity(end) if self.fixed else max(end, 2 * self.capacity)
+        self._views = {}
         for device, slab in self._slabs.items():
             slab = slab[:, : self.rows]
             grown = slab.new_zeros(slab.shape[0], self.slots, slab.shape[2], capacity, slab.shape[4])
@@ -132,11 +168,13 @@ class RowCache(Cache):
 
     def _with_slots(self, own: torch.Tensor | None, like: torch.Tensor, slots: int) -> torch.Tensor:
         """A slab with `slots` rows at the current capacity, holding `own`'s rows."""
+        slots = row_bucket(slots) if self.fixed else slots
         shape = (like.shape[0], slots, like.shape[2], self.capacity, like.shape[4])
         grown = like.new_zeros(shape)
         if own is not None:
             grown[:, : own.shape[1]].copy_(own)
         self.slots = slots
+        self._views = {}
         return grown
 
     def drop(self, rows: list[int]) -> list[int]:

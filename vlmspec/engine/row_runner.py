@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -9,6 +10,7 @@ import torch
 from ..adapters import ModelAdapter
 from ..attention import tree_attention
 from .cache import TREE_ROOM, SlabCache
+from .compiled import CHECK_TOKENS, CompileGuard, padded_size
 from .counting import arange, host_values
 from .row_cache import RowCache
 from .runner import ModelRunner
@@ -29,13 +31,31 @@ class RowForward:
 
 class RowRunner:
     """A model over a `RowCache`: rows come in prefilled (from a batch-1 `ModelRunner`), feed padded forwards together
-    and leave when finished. The token at row b's cache index i sits at position `i + offsets[b]`."""
+    and leave when finished. The token at row b's cache index i sits at position `i + offsets[b]`.
 
-    def __init__(self, adapter: ModelAdapter, slots: int = 1):
+    With `compiled` (the model under `torch.compile`) every forward runs fixed-shape through it: the rows padded to
+    their bucket (`row_bucket`), the tokens to a padded size, the mask over the cache's rounded capacity. `guard` (the
+    pair's) decides what a compiled forward that fails does: raise, or turn the pair eager and run it again eager.
+    """
+
+    def __init__(
+        self,
+        adapter: ModelAdapter,
+        slots: int = 1,
+        compiled: Callable | None = None,
+        guard: CompileGuard | None = None,
+        role: str = "model",
+    ):
         self.adapter = adapter
-        self.cache = RowCache(adapter.layer_devices(), slots)
+        self.compiled = compiled
+        self.role = role
+        self.guard = guard if compiled is not None else None
+        if self.guard is not None:
+            self.guard.attach(self)
+        self.cache = RowCache(adapter.layer_devices(), slots, fixed=compiled is not None)
         self.offsets: list[int] = []
         self._offsets: tuple[list[int], torch.Tensor] | None = None
+        self._eager = False
         self.refresh()
 
     def refresh(self) -> None:
@@ -76,7 +96,7 @@ class RowRunner:
         cache, device = self.cache, self.device
         counts = [0 if r is None else r.tokens.shape[0] for r in requests]
         q = max(counts)
-        cache.prepare(q)
+        cache.prepare(self._fed(q))
         rows = len(requests)
         tokens = torch.zeros(rows, q, dtype=torch.long, device=device)
         positions = torch.zeros(rows, q, dtype=torch.long, device=device)
@@ -110,8 +130,8 @@ class RowRunner:
         number of operations, whatever the rows."""
         cache, device = self.cache, self.device
         rows, q = tokens.shape
-        cache.prepare(q)
-        relative = arange(cache.span, device)[None, :] - cache.starts[:, None]
+        cache.prepare(self._fed(q))
+        relative = arange(cache.span, device)[None, :] - cache.starts[:rows, None]
         if visible is None:
             seen = relative[:, None, :] <= arange(q, device)[None, :, None]
         else:
@@ -123,6 +143,45 @@ class RowRunner:
                 seen = visible.gather(2, (columns % (width + 2))[:, None, :].expand(-1, q, -1))
         return self._run(tokens, start[:, None] + depths, seen, [q] * rows if counts is None else counts)
 
+    def check_compiled(self, first: torch.Tensor) -> None:
+        """Once per model under `compile="auto"`, before the rows' first step: from each row's next token `first` (B,),
+        decode `CHECK_TOKENS` tokens greedily through the compiled forwards and through eager ones (of the same fixed
+        shapes), one token at a time and then the same tokens as one causal block, and report to the guard whether
+        both chose the same tokens. The cache is left as it was."""
+        if self.guard is None or not self.guard.needs_check(self):
+            return
+        chosen = {}
+        for eager in (False, True):
+            chosen[eager] = self._greedy_check(first, eager)
+            if self.compiled is None:
+                return
+        if chosen[False] == chosen[True]:
+            self.guard.passed(self)
+        else:
+            self.guard.fall_back(
+                f"the {self.role}'s compiled batched forwards chose other tokens than its eager ones on a "
+                f"{CHECK_TOKENS}-token greedy decode (compiled {chosen[False]}, eager {chosen[True]})"
+            )
+
+    def _greedy_check(self, first: torch.Tensor, eager: bool) -> list[list[int]]:
+        """The tokens `check_compiled` compares, from one run of fixed-shape forwards, compiled or `eager`."""
+        lengths, device = list(self.cache.lengths), self.device
+        start = self.positions(host_values(lengths, device))
+        fed, chosen = [first.to(device)], []
+        self._eager = eager
+        try:
+            for i in range(CHECK_TOKENS):
+                logits = self.forward_rows(fed[-1][:, None], arange(1, device), start + i, None)
+                chosen.append(logits[:, -1].argmax(-1))
+                fed.append(chosen[-1])
+            self.cache.lengths = list(lengths)
+            block = torch.stack(fed[:-1], 1)
+            chosen += list(self.forward_rows(block, arange(CHECK_TOKENS, device), start, None).argmax(-1).T)
+        finally:
+            self._eager = False
+            self.cache.lengths = lengths
+        return torch.stack(chosen, 1).tolist()
+
     def positions(self, index: torch.Tensor) -> torch.Tensor:
         """The positions (B,) of each row's token at cache index `index[b]`."""
         return self.offsets_tensor() + index
@@ -133,25 +192,63 @@ class RowRunner:
             self._offsets = (list(self.offsets), host_values(self.offsets, self.device))
         return self._offsets[1]
 
+    def _fed(self, q: int) -> int:
+        """The tokens a forward of `q` feeds each row: `q`, padded on a fixed cache."""
+        return padded_size(q) if self.cache.fixed else q
+
     def _run(
         self, tokens: torch.Tensor, positions: torch.Tensor, seen: torch.Tensor, counts: list[int]
     ) -> torch.Tensor:
         """The forward over `tokens` (B, q) at `positions`, each query seeing the keys `seen` (B, q, span) marks; the
         first `counts[b]` of row b enter its cache. Returns the logits (B, q, V)."""
         rows, q = tokens.shape
+        if self.cache.fixed:
+            tokens, positions, seen = self._padded(tokens, positions, seen)
         mask = torch.where(seen, self._zero, torch.finfo(self.dtype).min)
         position_ids = self.adapter.position_ids(positions.reshape(-1))
-        position_ids = position_ids.reshape(*position_ids.shape[:-2], rows, q)
+        position_ids = position_ids.reshape(*position_ids.shape[:-2], *tokens.shape)
+        inputs = dict(
+            input_ids=tokens,
+            position_ids=position_ids,
+            attention_mask=mask[:, None],
+            past_key_values=self.cache,
+            use_cache=True,
+        )
         with tree_attention(self.adapter.language_model.config):
-            out = self.adapter.model(
-                input_ids=tokens,
-                position_ids=position_ids,
-                attention_mask=mask[:, None],
-                past_key_values=self.cache,
-                use_cache=True,
-            )
+            if self.compiled is None or self._eager:
+                logits = self.adapter.model(**inputs).logits
+            else:
+                try:
+                    logits = self.compiled(**inputs).logits
+                except Exception as error:
+                    if self.guard is None:
+                        raise
+                    self.guard.fall_back(f"the {self.role}'s compiled {tuple(tokens.shape)} forward", error)
+                    logits = self.adapter.model(**inputs).logits
         self.cache.commit(counts)
-        return out.logits.to(self.device)
+        logits = logits[:rows, :q]
+        # A CUDA graph's outputs live in its memory pool, which its next replay overwrites.
+        return logits.clone() if logits.device.type == "cuda" and self.cache.fixed else logits.to(self.device)
+
+    def _padded(
+        self, tokens: torch.Tensor, positions: torch.Tensor, seen: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A fixed-shape forward's inputs: `tokens`, `positions` (B, q) and `seen` (B, q, capacity) padded to the
+        cache's bucket of rows and the padded size; padding (free slots, and queries past q) sees the first key only,
+        so its outputs stay finite, and nothing sees it."""
+        rows, q = tokens.shape
+        bucket, size = self.cache.bucket, padded_size(q)
+        if (bucket, size) == (rows, q):
+            return tokens, positions, seen
+        padded_tokens = tokens.new_zeros(bucket, size)
+        padded_tokens[:rows, :q] = tokens
+        padded_positions = positions.new_zeros(bucket, size)
+        padded_positions[:rows, :q] = positions
+        padded_positions[:rows, q:] = positions[:, -1:]
+        padded_seen = seen.new_zeros(bucket, size, seen.shape[2])
+        padded_seen[..., 0] = True
+        padded_seen[:rows, :q] = seen
+        return padded_tokens, padded_positions, padded_seen
 
     def keep_rows(self, starts: list[int], offsets: torch.Tensor, counts: list[int]) -> None:
         """In each row b, of the entries from `starts[b]` on keep those at its first `counts[b]` `offsets` (B, W)."""
