@@ -87,6 +87,24 @@ def test_the_batched_bench_times_every_method_at_every_batch_size_against_plain_
     assert "vLLM peer: skipped (no vLLM environment given" in report
 
 
+def test_a_compiled_batched_bench_decodes_every_batch_size_once_untimed_and_says_so(qwen, monkeypatch):
+    spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"], processor=qwen.processor, compile="off")
+    spec._target_runner.compiled = spec.target  # the pair reads as compiled; its methods' copies run eager
+    calls = []
+    stream = SpeculativeVLM.stream
+    monkeypatch.setattr(
+        SpeculativeVLM,
+        "stream",
+        lambda self, items, batch_size, **kw: calls.append(batch_size) or stream(self, items, batch_size, **kw),
+    )
+    results = run_batch_bench(spec, "image", ["chain"], 2, 4, [1, 2], progress=False)
+    assert results["compiled"] and calls == [2, 1, 1, 2, 2]
+    assert results["table"]["chain"][2]["exact_match"] == 1.0
+    assert "vlmspec's forwards compiled (each method decoded the items once untimed" in markdown_batch_report(
+        results, "vlmspec bench --batch-size 1,2 --compile on"
+    )
+
+
 def test_a_python_without_vllm_is_named_as_the_reason_the_peer_is_skipped():
     import sys
 

@@ -67,8 +67,9 @@ class SpeculativeVLM:
     decode it; `stream` keeps a batch full over many prompts (continuous batching).
 
     `compile` (`"auto"`, True/`"on"`, False/`"off"`) runs both models' decoding forwards through `torch.compile`
-    at fixed shapes (CUDA graphs on a GPU); `"auto"` compiles on CUDA only, and the `VLMSPEC_COMPILE` environment
-    variable overrides it. Each padded size compiles on first use; quantised or offloaded models run eager. Under
+    at fixed shapes (CUDA graphs on a GPU), one sequence or a batch's rows; `"auto"` compiles on CUDA only, and the
+    `VLMSPEC_COMPILE` environment variable overrides it. Each padded size (and, batched, each bucket of rows) compiles
+    on first use; quantised or offloaded models run eager. Under
     `"auto"` a compiled forward that raises, or whose tokens differ from eager ones on a short greedy decode (checked
     once per model at first use), turns the pair eager for good with one warning; `"on"` raises instead.
     """

@@ -1,8 +1,9 @@
 """Compiled forwards: when `torch.compile` runs a model's decoding forward, and how it is set up.
 
-Compiled, a decoding forward sees fixed shapes only: the cache is fixed (`SlabCache.fix`), the tokens are padded
-(`padded_size`: 1, 2, 4, 8, 16, then multiples of 16) and the mask spans the cache's rounded capacity, so each model
-compiles once per padded size and capacity. On CUDA the graphs are also captured (`mode="reduce-overhead"`): one replay
+Compiled, a decoding forward sees fixed shapes only: the cache is fixed (`SlabCache.fix`, or a fixed `RowCache` for
+a batch), the tokens are padded (`padded_size`: 1, 2, 4, 8, 16, then multiples of 16), a batch's rows to a bucket of
+slots (`row_bucket`), and the mask spans the cache's rounded capacity, so each model compiles once per padded size,
+bucket and capacity. On CUDA the graphs are also captured (`mode="reduce-overhead"`): one replay
 per forward instead of hundreds of launches. On the CPU inductor fuses the forward.
 
 `"auto"` compiles on CUDA and runs eager elsewhere: on the CPU compiled decoding of the demo pair measured faster
