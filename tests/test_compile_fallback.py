@@ -159,37 +159,28 @@ def test_compile_on_raises_even_after_auto_fell_back(monkeypatch, models, inputs
 
 
 @pytest.mark.usefixtures("auto_compiles_here")
+@pytest.mark.parametrize(
+    "rows, disagreeing, forwards",
+    [(1, "target", "forwards"), (2, "draft", "batched forwards")],
+    ids=["one-sequence", "batch"],
+)
 def test_compiled_forwards_that_choose_other_tokens_than_eager_are_caught_before_decoding(
-    monkeypatch, caplog, models, inputs
+    monkeypatch, caplog, models, inputs, processor, rows, disagreeing, forwards
 ):
     target, draft = models
-    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: Disagreeing(model, disagree=model is target))
-    reference = target.generate(**inputs, do_sample=False, max_new_tokens=NEW_TOKENS)
-    spec = SpeculativeVLM(target, draft)
-    with caplog.at_level(logging.WARNING, logger=LOGGER):
-        assert torch.equal(spec.generate(**inputs, max_new_tokens=NEW_TOKENS), reference)
-    assert not spec.compiled
-    (warning,) = warnings_in(caplog)
-    assert f"the target's compiled forwards chose other tokens than its eager ones on a {CHECK_TOKENS}-token" in warning
-    assert 'compile="on"' in warning and "run it compiled regardless" in warning
-
-
-@pytest.mark.usefixtures("auto_compiles_here")
-def test_compiled_batched_forwards_that_choose_other_tokens_than_eager_are_caught_before_decoding(
-    monkeypatch, caplog, models, inputs, processor
-):
-    target, draft = models
-    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: Disagreeing(model, disagree=model is draft))
-    rows = [inputs, on_device(chat_inputs(processor, "What is shown here?"))]
-    batch = on_device(adapter_for(target).join_rows(rows, processor.tokenizer.pad_token_id))
+    odd = target if disagreeing == "target" else draft
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: Disagreeing(model, disagree=model is odd))
+    prompts = [inputs, on_device(chat_inputs(processor, "What is shown here?"))][:rows]
+    batch = on_device(adapter_for(target).join_rows(prompts, processor.tokenizer.pad_token_id)) if rows > 1 else inputs
     reference = target.generate(**batch, do_sample=False, max_new_tokens=NEW_TOKENS)
     spec = SpeculativeVLM(target, draft)
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         assert torch.equal(spec.generate(**batch, max_new_tokens=NEW_TOKENS), reference)
     assert not spec.compiled
     (warning,) = warnings_in(caplog)
-    expected = f"the draft's compiled batched forwards chose other tokens than its eager ones on a {CHECK_TOKENS}-token"
-    assert expected in warning
+    expected = f"the {disagreeing}'s compiled {forwards} chose other tokens than its eager ones"
+    assert f"{expected} on a {CHECK_TOKENS}-token" in warning
+    assert 'compile="on"' in warning and "run it compiled regardless" in warning
 
 
 @pytest.mark.usefixtures("auto_compiles_here")

@@ -153,6 +153,25 @@ class CompileGuard:
         held = _held(runner.adapter.model)
         return not self.strict and runner.compiled is not None and held is not None and not held.checked
 
+    def check(self, runner: Runner, greedy: Callable[[bool], list], what: str) -> None:
+        """Under `"auto"`, once per model: compare the tokens `greedy(True)` chooses through `runner`'s compiled
+        forwards with those `greedy(False)` chooses through eager ones (a short greedy decode), and let the model run
+        on compiled or fall the pair back; `what` names the forwards in the warning."""
+        if not self.needs_check(runner):
+            return
+        chosen = {}
+        for compiled in (True, False):
+            chosen[compiled] = greedy(compiled)
+            if runner.compiled is None:
+                return
+        if chosen[True] == chosen[False]:
+            self.passed(runner)
+        else:
+            self.fall_back(
+                f"the {runner.role}'s compiled {what} chose other tokens than its eager ones on a {CHECK_TOKENS}-token "
+                f"greedy decode (compiled {chosen[True]}, eager {chosen[False]})"
+            )
+
     def passed(self, runner: Runner) -> None:
         """`runner`'s model passed its check: no wrapper of it checks it again."""
         held = _held(runner.adapter.model)

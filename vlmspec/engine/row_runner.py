@@ -148,27 +148,15 @@ class RowRunner:
         decode `CHECK_TOKENS` tokens greedily through the compiled forwards and through eager ones (of the same fixed
         shapes), one token at a time and then the same tokens as one causal block, and report to the guard whether
         both chose the same tokens. The cache is left as it was."""
-        if self.guard is None or not self.guard.needs_check(self):
-            return
-        chosen = {}
-        for eager in (False, True):
-            chosen[eager] = self._greedy_check(first, eager)
-            if self.compiled is None:
-                return
-        if chosen[False] == chosen[True]:
-            self.guard.passed(self)
-        else:
-            self.guard.fall_back(
-                f"the {self.role}'s compiled batched forwards chose other tokens than its eager ones on a "
-                f"{CHECK_TOKENS}-token greedy decode (compiled {chosen[False]}, eager {chosen[True]})"
-            )
+        if self.guard is not None:
+            self.guard.check(self, lambda compiled: self._greedy_check(first, compiled), "batched forwards")
 
-    def _greedy_check(self, first: torch.Tensor, eager: bool) -> list[list[int]]:
-        """The tokens `check_compiled` compares, from one run of fixed-shape forwards, compiled or `eager`."""
+    def _greedy_check(self, first: torch.Tensor, compiled: bool) -> list[list[int]]:
+        """The tokens `check_compiled` compares, from one run of fixed-shape forwards, compiled or eager."""
         lengths, device = list(self.cache.lengths), self.device
         start = self.positions(host_values(lengths, device))
         fed, chosen = [first.to(device)], []
-        self._eager = eager
+        self._eager = not compiled
         try:
             for i in range(CHECK_TOKENS):
                 logits = self.forward_rows(fed[-1][:, None], arange(1, device), start + i, None)

@@ -116,20 +116,9 @@ class ModelRunner:
         `CHECK_TOKENS` tokens greedily through the compiled forward and through the eager one, one token at a time and
         then the same tokens as one causal block, and report to the guard whether both chose the same tokens. The
         cache is left as the prompt left it. Run it outside any observer of the prompt's attention (pruning scores)."""
-        if self.guard is None or not self.guard.needs_check(self):
-            return
-        first, chosen = logits.reshape(-1)[None].argmax(-1), {}
-        for compiled in (True, False):
-            chosen[compiled] = self._greedy_check(first, compiled)
-            if self.compiled is None:
-                return
-        if chosen[True] == chosen[False]:
-            self.guard.passed(self)
-        else:
-            self.guard.fall_back(
-                f"the {self.role}'s compiled forwards chose other tokens than its eager ones on a {CHECK_TOKENS}-token "
-                f"greedy decode (compiled {chosen[True]}, eager {chosen[False]})"
-            )
+        if self.guard is not None:
+            first = logits.reshape(-1)[None]
+            self.guard.check(self, lambda compiled: self._greedy_check(first.argmax(-1), compiled), "forwards")
 
     def _greedy_check(self, first: torch.Tensor, compiled: bool) -> list[int]:
         """The tokens `check_compiled` compares, from one run of fixed-shape forwards, compiled or eager."""
