@@ -188,6 +188,27 @@ def test_a_compiled_runner_keeps_its_cache_buffers_from_call_to_call(qwen):
     assert torch.equal(out, qwen.reference("image", 16))
 
 
+def test_compiled_batches_keep_their_cache_buffers_from_batch_to_batch(qwen, monkeypatch):
+    caches = []
+    init = row_runner.RowRunner.__init__
+
+    def recorded(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        caches.append(self.cache)
+
+    monkeypatch.setattr(row_runner.RowRunner, "__init__", recorded)
+    spec = fixed_shapes(SpeculativeVLM(qwen.target, qwen.drafts["noisy"], policy="chain", compile="off"))
+    cases = ("image", "text")
+    batch = padded_batch(qwen, cases)
+    for max_new_tokens in (8, NEW_TOKENS):
+        out = spec.generate(**batch, do_sample=False, max_new_tokens=max_new_tokens)
+    assert_rows_equal_their_own_generate(qwen, batch, out, cases)
+    first, second = caches[:2], caches[2:]
+    for before, after in zip(first, second, strict=True):
+        assert after.fixed and after is not before
+        assert {d: s.data_ptr() for d, s in after._slabs.items()} == {d: s.data_ptr() for d, s in before._slabs.items()}
+
+
 def test_copies_of_a_compiled_model_compile_their_own(qwen):
     import copy
     import pickle

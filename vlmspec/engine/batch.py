@@ -28,6 +28,7 @@ from .counting import host_values
 from .draft import Drafted, Drafter, SlotsRead
 from .loop import DecodeSettings, Prefilled, SpeculativeDecoder, TokenSink, observe_step
 from .report import StepReport
+from .row_cache import RowCache
 from .row_runner import RowForward, RowRunner
 from .rows_step import (
     RowsDrafted,
@@ -104,6 +105,7 @@ class BatchDecoder:
     def __init__(self, single: SpeculativeDecoder, compiled_from: tuple[ModelRunner, ModelRunner] | None = None):
         self.single = single
         self.compiled_from = compiled_from
+        self._fixed_caches: list[RowCache | None] = [None, None]
         self.policy = single.policy
         self.vocab_limit = single.drafter.vocab_limit
         self.draft_input_limit = single.drafter.input_limit
@@ -165,12 +167,14 @@ class BatchDecoder:
 
     def _runners(self, batch_size: int) -> tuple[RowRunner, RowRunner]:
         """The batch's target and draft runners for up to `batch_size` rows, compiled as the pair's own runners are
-        now (eager once the pair fell back)."""
+        now (eager once the pair fell back); compiled ones keep the last batch's cache buffers."""
         made = []
-        for role, single in (("target", self.single.target), ("draft", self.single.draft)):
-            own = None if self.compiled_from is None else self.compiled_from[len(made)]
+        for index, (role, single) in enumerate((("target", self.single.target), ("draft", self.single.draft))):
+            own = None if self.compiled_from is None else self.compiled_from[index]
             compiled, guard = (None, None) if own is None else (own.compiled, own.guard)
-            made.append(RowRunner(single.adapter, batch_size, compiled, guard, role))
+            runner = RowRunner(single.adapter, batch_size, compiled, guard, role, self._fixed_caches[index])
+            self._fixed_caches[index] = runner.cache if runner.cache.fixed else None
+            made.append(runner)
         return made[0], made[1]
 
     def _check_compiled(self, rows: list[_Row], target: RowRunner, draft: RowRunner) -> None:

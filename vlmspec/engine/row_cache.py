@@ -71,7 +71,9 @@ class RowCache(Cache):
     `capacity`, which grows to rounded sizes only.
     """
 
-    def __init__(self, layer_devices: list[torch.device], slots: int = 1, fixed: bool = False):
+    def __init__(
+        self, layer_devices: list[torch.device], slots: int = 1, fixed: bool = False, reuse: RowCache | None = None
+    ):
         self.fixed = fixed
         self.slots = row_bucket(slots) if fixed else slots
         self.layer_devices = [torch.device(d) for d in layer_devices]
@@ -86,6 +88,10 @@ class RowCache(Cache):
         self.bucket = 0
         self.starts: torch.Tensor | None = None
         self._views: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        if fixed and reuse is not None and reuse.fixed and reuse.layer_devices == self.layer_devices:
+            # Compiled forwards (CUDA graphs above all) keep running on the same buffers from batch to batch.
+            self._slabs, self._views, self.capacity = reuse._slabs, reuse._views, reuse.capacity
+            self.slots = max(self.slots, reuse.slots)
 
     @property
     def rows(self) -> int:

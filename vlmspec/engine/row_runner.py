@@ -36,6 +36,7 @@ class RowRunner:
     With `compiled` (the model under `torch.compile`) every forward runs fixed-shape through it: the rows padded to
     their bucket (`row_bucket`), the tokens to a padded size, the mask over the cache's rounded capacity. `guard` (the
     pair's) decides what a compiled forward that fails does: raise, or turn the pair eager and run it again eager.
+    A compiled runner takes the buffers of the last batch's cache (`reuse`), so its graphs keep their addresses.
     """
 
     def __init__(
@@ -45,6 +46,7 @@ class RowRunner:
         compiled: Callable | None = None,
         guard: CompileGuard | None = None,
         role: str = "model",
+        reuse: RowCache | None = None,
     ):
         self.adapter = adapter
         self.compiled = compiled
@@ -52,7 +54,7 @@ class RowRunner:
         self.guard = guard if compiled is not None else None
         if self.guard is not None:
             self.guard.attach(self)
-        self.cache = RowCache(adapter.layer_devices(), slots, fixed=compiled is not None)
+        self.cache = RowCache(adapter.layer_devices(), slots, fixed=compiled is not None, reuse=reuse)
         self.offsets: list[int] = []
         self._offsets: tuple[list[int], torch.Tensor] | None = None
         self._eager = False
