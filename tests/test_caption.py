@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -55,7 +56,7 @@ def collection(tmp_path):
     (media / "clips").mkdir(parents=True)
     write_image(media / "a.png", seed=1)
     write_video(media / "clips" / "b.mp4", num_frames=12, size=(64, 64))
-    (media / "c_broken.mp4").write_bytes(os.urandom(3000))
+    (media / "c_broken.mp4").write_bytes(random.Random(0).randbytes(3000))
     write_image(media / "d.jpg", seed=2)
     extra = write_image(tmp_path / "extra.webp", seed=3)
     listing = tmp_path / "more.txt"

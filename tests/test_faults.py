@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -55,7 +56,7 @@ def media(tmp_path) -> Path:
         elif kind == VIDEOS:
             write_video(folder / f"{i:02d}_video.mp4", num_frames=8, size=(32, 32))
         else:
-            (folder / f"{i:02d}_broken.mp4").write_bytes(os.urandom(2500))
+            (folder / f"{i:02d}_broken.mp4").write_bytes(random.Random(i).randbytes(2500))
     return folder
 
 
@@ -257,7 +258,7 @@ def test_the_resume_that_finishes_a_killed_run_exits_1_when_inputs_are_recorded_
     """Exit 0 says every input was captioned; a job whose broken file was recorded before the kill has not."""
     media = tmp_path / "media"
     media.mkdir()
-    (media / "a_broken.mp4").write_bytes(os.urandom(2500))
+    (media / "a_broken.mp4").write_bytes(random.Random(0).randbytes(2500))
     write_image(media / "b.png", seed=0)
     killed = run(FAULTS + ["after-record", "1"] + caption_args(pair, media, out))
     assert killed.returncode == -signal.SIGKILL
