@@ -34,9 +34,10 @@ from transformers import AutoConfig, PreTrainedModel
 from vlmspec import SpeculativeVLM
 from vlmspec.adapters import adapter_for
 from vlmspec.engine.compiled import compiled_forward
+from vlmspec.engine.counting import host_values
+from vlmspec.engine.row_runner import RowRunner
 from vlmspec.engine.runner import ModelRunner
-from vlmspec.engine.tree import DraftTree, additive_mask
-from vlmspec.engine.verify import verify_tree
+from vlmspec.engine.tree import DraftTree, with_edges
 from vlmspec.eval.bench import compiled_generate_config
 from vlmspec.testing import REPLICA_PAIRS, replica_config
 from vlmspec.testing.released_files import RELEASED
@@ -123,19 +124,25 @@ def k_ary_tree(n: int, device: torch.device, k: int = 4, high: int = REGULAR_IDS
     )
 
 
-def prefilled(model: PreTrainedModel, context: int, compile: str = "off") -> ModelRunner:
-    runner = ModelRunner(adapter_for(model), compiled_forward(model, compile, "model"))
-    runner.prefill({"input_ids": random_ids(context, runner.device, high=regular_ids(model))})
+def prefilled(model: PreTrainedModel, context: int, compile: str = "off") -> RowRunner:
+    """A batch of one whose row holds a prompt of `context` random tokens (its forwards compiled as `compile` says)."""
+    adapter = adapter_for(model)
+    prompt = ModelRunner(adapter)
+    prompt.prefill({"input_ids": random_ids(context, prompt.device, high=regular_ids(model))})
+    runner = RowRunner(adapter, 1, compiled_forward(model, compile, "model"))
+    runner.append(prompt, room=0)
     return runner
 
 
-def rewound_ms(runner: ModelRunner, forward: Callable[[], object], repeats: int) -> float:
-    """Median ms of `forward()` over `runner`'s cache, which is put back to what it held before after each run."""
-    start, nothing = runner.length, torch.empty(0, dtype=torch.long, device=runner.device)
+def rewound_ms(runner: RowRunner, forward: Callable[[torch.Tensor], object], repeats: int) -> float:
+    """Median ms of `forward(start)` over `runner`'s row, whose next token's position is `start` (1,) and whose cache
+    is put back to what it held before after each run."""
+    lengths = list(runner.lengths)
+    start = runner.positions(host_values(lengths, runner.device))
 
     def run() -> None:
-        forward()
-        runner.keep(start, nothing)
+        forward(start)
+        runner.cache.lengths = list(lengths)
 
     return timed(run, runner.device, repeats)
 
@@ -146,7 +153,16 @@ def verification_ms(
     """The target's forward over a tree of each size in `nodes`, after a cache of `context` tokens."""
     runner = prefilled(model, context, compile)
     trees = [k_ary_tree(n, runner.device, high=regular_ids(model)) for n in nodes]
-    return [rewound_ms(runner, lambda tree=tree: verify_tree(runner, tree), repeats) for tree in trees]
+    return [
+        rewound_ms(
+            runner,
+            lambda start, tree=tree: runner.forward_rows(
+                tree.tokens[None], tree.depths, start, with_edges(tree.ancestors)
+            ),
+            repeats,
+        )
+        for tree in trees
+    ]
 
 
 def level_ms(
@@ -154,12 +170,16 @@ def level_ms(
 ) -> list[float]:
     """The draft's forward over one tree level of each width in `widths`, after a cache of `context` tokens."""
     runner = prefilled(model, context, compile)
-    start, result = runner.length, []
+    result = []
     for width in widths:
-        tokens = random_ids(width, runner.device, seed=width, high=regular_ids(model))[0]
+        tokens = random_ids(width, runner.device, seed=width, high=regular_ids(model))
         depths = torch.ones(width, dtype=torch.long, device=runner.device)
-        bias = additive_mask(torch.eye(width, dtype=torch.bool, device=runner.device), runner.dtype)
-        result.append(rewound_ms(runner, lambda t=tokens, d=depths, b=bias: runner.forward(t, d, b, start), repeats))
+        visible = with_edges(torch.eye(width, dtype=torch.bool, device=runner.device))
+        result.append(
+            rewound_ms(
+                runner, lambda start, t=tokens, d=depths, v=visible: runner.forward_rows(t, d, start, v), repeats
+            )
+        )
     return result
 
 

@@ -24,15 +24,16 @@ from vlmspec.loading import TREE_ATTENTION
 def full_mask_ms(model: PreTrainedModel, context: int, nodes: list[int], repeats: int) -> list[float]:
     """The target's forward over a tree of each size in `nodes` through its own attention and a full-width mask."""
     runner = prefilled(model, context)
-    start = runner.length
+    start = runner.lengths[0]
 
-    def verify(tree) -> None:
+    def verify(tree, position: torch.Tensor) -> None:
+        runner.cache.prepare(tree.size)
         bias = tree.attention_bias(runner.dtype, prefix_len=start)
-        runner.adapter.decode(tree.tokens, tree.depths + runner.position(start), bias, runner.cache)
-        runner.cache.settle()
+        runner.adapter.decode(tree.tokens, tree.depths + position, bias, runner.cache)
+        runner.cache.commit([tree.size])
 
     trees = [k_ary_tree(n, runner.device, high=regular_ids(model)) for n in nodes]
-    return [rewound_ms(runner, lambda tree=tree: verify(tree), repeats) for tree in trees]
+    return [rewound_ms(runner, lambda position, tree=tree: verify(tree, position), repeats) for tree in trees]
 
 
 def main() -> None:

@@ -20,7 +20,6 @@ import vlmspec.api
 from vlmspec import captioning
 from vlmspec.cli import main
 from vlmspec.engine.batch import BatchDecoder
-from vlmspec.engine.loop import SpeculativeDecoder
 
 
 def die() -> None:
@@ -87,10 +86,10 @@ def after_record(k: int) -> None:
 def generating(k: int) -> None:
     """While the k-th input to reach the model decodes: at the target's second forward pass from the prefill that
     takes it in on (its first verification, a decoding step it takes part in, or another prefill after it); the input
-    is never recorded. Inputs reach the model through `BatchDecoder._admit_all` (a batch's joining inputs, prefilled
-    together or one by one) or, one at a time, through `SpeculativeDecoder.prefill_target`."""
-    admit_all, prefill = BatchDecoder._admit_all, SpeculativeDecoder.prefill_target
-    seen, admitting = [0], [False]
+    is never recorded. Inputs reach the model through `BatchDecoder._admit_all` (the inputs joining a batch, one or
+    many, prefilled together or one by one)."""
+    admit_all = BatchDecoder._admit_all
+    seen = [0]
 
     def arm(model) -> None:
         passes = Countdown(2)
@@ -100,22 +99,10 @@ def generating(k: int) -> None:
         first = seen[0] + 1
         seen[0] += len(requests)
         if first <= k <= seen[0]:
-            arm(self.single.target.adapter.model)
-        admitting[0] = True
-        try:
-            return admit_all(self, requests, target, draft)
-        finally:
-            admitting[0] = False
-
-    def prefill_and_die(self, *args, **kwargs):
-        if not admitting[0]:
-            seen[0] += 1
-            if seen[0] == k:
-                arm(self.target.adapter.model)
-        return prefill(self, *args, **kwargs)
+            arm(self.prefiller.target.adapter.model)
+        return admit_all(self, requests, target, draft)
 
     BatchDecoder._admit_all = admit_all_and_die
-    SpeculativeDecoder.prefill_target = prefill_and_die
 
 
 def decoding(k: int) -> None:

@@ -15,8 +15,9 @@ from vlmspec.attention import (
     tree_block_attention,
     unfold_heads,
 )
+from vlmspec.engine.row_runner import RowRunner
 from vlmspec.engine.runner import ModelRunner
-from vlmspec.engine.tree import additive_mask
+from vlmspec.engine.tree import additive_mask, with_edges
 
 
 def made_up(heads: int, kv_heads: int, q: int, length: int, dtype=torch.float32):
@@ -61,20 +62,29 @@ def test_tree_block_attention_keeps_the_models_dtype_and_agrees_in_bfloat16():
 
 
 def test_a_tree_forward_equals_the_models_own_attention_with_a_full_width_mask(qwen):
-    runner = ModelRunner(adapter_for(qwen.target))
+    """A batch of one attends through the tree block (the prefix unmasked on the fused kernel), a batch of two through
+    a mask over every key; both give the logits of the model's own attention under a full-width mask."""
+    adapter = adapter_for(qwen.target)
+    prompt = ModelRunner(adapter)
     with torch.no_grad():
-        runner.prefill(qwen.cases["image"])
-        start = runner.length
-        tokens = torch.tensor([5, 6, 7, 8], device=runner.device)
-        depths = torch.tensor([1, 2, 2, 3], device=runner.device)
+        prompt.prefill(qwen.cases["image"])
+        start = prompt.length
+        tokens = torch.tensor([5, 6, 7, 8], device=prompt.device)
+        depths = torch.tensor([1, 2, 2, 3], device=prompt.device)
         visible = torch.tensor(
-            [[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool, device=runner.device
+            [[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool, device=prompt.device
         )
-        tree = runner.forward(tokens, depths, additive_mask(visible, runner.dtype), start)
-        runner.keep(start, torch.empty(0, dtype=torch.long, device=runner.device))
-        full = additive_mask(visible, runner.dtype, prefix_len=start)
-        own = runner.adapter.decode(tokens, depths + runner.position(start), full, runner.cache)
-    torch.testing.assert_close(tree, own.to(tree.device), rtol=1e-4, atol=1e-4)
+        trees = []
+        for rows in (1, 2):
+            runner = RowRunner(adapter, rows)
+            for _ in range(rows):
+                runner.append(prompt, room=4)
+            positions = runner.positions(torch.tensor(runner.lengths, device=prompt.device))
+            trees.append(runner.forward_rows(tokens.expand(rows, -1), depths, positions, with_edges(visible))[0])
+        full = additive_mask(visible, prompt.dtype, prefix_len=start)
+        own = adapter.decode(tokens, depths + start + prompt.offset, full, prompt.cache)
+    for tree in trees:
+        torch.testing.assert_close(tree, own.to(tree.device), rtol=1e-4, atol=1e-4)
 
 
 def test_tree_attention_is_in_force_only_inside_its_context(qwen):

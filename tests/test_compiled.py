@@ -11,16 +11,14 @@ from test_batch import NEW_TOKENS, ROWS, assert_rows_equal_their_own_generate, e
 
 from vlmspec import SpeculativeVLM
 from vlmspec.engine import row_runner
-from vlmspec.engine.cache import SlabCache, fixed_capacity
+from vlmspec.engine.cache import fixed_capacity
 from vlmspec.engine.compiled import (
     COMPILE_ENV,
     compiled_forward,
-    fixed_mask,
     padded_size,
     resolve_compile,
     row_bucket,
 )
-from vlmspec.engine.tree import additive_mask
 
 POLICIES = ("chain", "static-tree", "sage", "sage-gt")
 
@@ -45,41 +43,6 @@ def test_fixed_capacities_are_few_and_waste_at_most_an_eighth():
     sizes = {fixed_capacity(n) for n in range(1, 20000)}
     assert len(sizes) <= 8 * 6
     assert all(fixed_capacity(n) - n <= max(255, n // 8 + 1) for n in range(1, 20000, 7))
-
-
-def test_fixed_mask_shows_the_prefix_and_the_block_and_hides_padding_and_what_follows():
-    visible = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
-    mask = fixed_mask(additive_mask(visible, torch.float32), end=7, size=4, capacity=10)[0, 0] == 0
-    assert mask.shape == (4, 10)
-    assert mask[:, :4].all()
-    assert torch.equal(mask[:3, 4:7], visible)
-    assert not mask[3, 4:].any()
-    assert not mask[:, 7:].any()
-
-
-def test_a_fixed_cache_writes_at_its_cursor_and_keeps_as_before():
-    cache = SlabCache([torch.device("cpu")], capacity=fixed_capacity(6))
-    prompt = torch.arange(4.0).view(1, 1, 4, 1).expand(1, 2, 4, 3)
-    cache.layers[0].update(prompt, prompt)
-    cache.settle()
-    cache.fix()
-    cache.reserve(cache.length + 4)
-    keys, _ = cache.layers[0].update(torch.full((1, 2, 4, 3), 9.0), torch.full((1, 2, 4, 3), 9.0))
-    assert keys.shape[2] == cache.capacity == 256
-    assert cache.advance(2) == 6
-    assert keys[0, 0, :6, 0].tolist() == [0, 1, 2, 3, 9, 9]
-    assert cache.keep(4, torch.tensor([1])) == 5
-
-
-def test_a_fixed_cache_grows_to_a_rounded_capacity_and_rebinds_its_layers():
-    cache = SlabCache([torch.device("cpu")], capacity=256)
-    cache.layers[0].update(torch.ones(1, 1, 250, 2), torch.ones(1, 1, 250, 2))
-    cache.settle()
-    cache.fix()
-    cache.reserve(cache.length + 16)
-    keys, _ = cache.layers[0].update(torch.zeros(1, 1, 16, 2), torch.zeros(1, 1, 16, 2))
-    assert keys.shape[2] == cache.capacity == fixed_capacity(512)
-    assert keys[0, 0, :250].eq(1).all() and keys[0, 0, 250:266].eq(0).all()
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -177,15 +140,6 @@ def test_the_command_line_offers_the_librarys_compile_choices():
     assert cli.COMPILE_CHOICES == COMPILE_CHOICES
     args = cli.build_parser().parse_args(["generate", "hello", "--compile", "on"])
     assert cli.load_options(args)["compile"] == "on"
-
-
-def test_a_compiled_runner_keeps_its_cache_buffers_from_call_to_call(qwen):
-    spec = fixed_shapes(SpeculativeVLM(qwen.target, qwen.drafts["noisy"], policy="chain", compile="off"))
-    spec.generate(**qwen.cases["image"], max_new_tokens=8)
-    slabs = {d: s.data_ptr() for d, s in spec._target_runner.cache._slabs.items()}
-    out = spec.generate(**qwen.cases["image"], max_new_tokens=16)
-    assert {d: s.data_ptr() for d, s in spec._target_runner.cache._slabs.items()} == slabs
-    assert torch.equal(out, qwen.reference("image", 16))
 
 
 def test_compiled_batches_keep_their_cache_buffers_from_batch_to_batch(qwen, monkeypatch):

@@ -90,22 +90,6 @@ def filled_cache(layers: int = 2, length: int = 10, devices=None) -> SlabCache:
     return cache
 
 
-def test_cache_keeps_the_accepted_entries_of_every_layer_in_place():
-    cache = filled_cache()
-    assert cache.keep(start=4, keep=torch.tensor([0, 2, 5])) == 7
-    assert cache.get_seq_length() == 7
-    for i in range(2):
-        keys, values = cache.update(torch.zeros(1, 1, 0, 1), torch.zeros(1, 1, 0, 1), i)
-        assert keys.flatten().tolist() == [10 * i + p for p in (0, 1, 2, 3, 4, 6, 9)]
-        assert values.flatten().tolist() == [100 + 10 * i + p for p in (0, 1, 2, 3, 4, 6, 9)]
-
-
-def test_cache_keep_of_nothing_rewinds_to_start():
-    cache = filled_cache()
-    assert cache.keep(start=2, keep=torch.empty(0, dtype=torch.long)) == 2
-    assert cache.get_seq_length() == 2
-
-
 def test_cache_writes_a_forward_at_its_length_and_takes_it_in_when_settled():
     cache = filled_cache(layers=1, length=4)
     new = torch.full((1, 1, 2, 1), 7.0)
@@ -126,7 +110,6 @@ def test_cache_keeps_one_slab_per_device_of_its_layers():
     cache = filled_cache(layers=3, devices=[torch.device("cpu"), torch.device("meta"), torch.device("cpu")])
     storage = [cache.stored(layer)[0].untyped_storage().data_ptr() for layer in range(3)]
     assert storage[0] == storage[2] != storage[1]
-    assert cache.keep(start=8, keep=torch.tensor([1])) == 9
 
 
 def test_causal_mask_for_pending_tokens_sees_cache_and_earlier_tokens():

@@ -14,7 +14,7 @@ from .adapters import adapter_for
 from .engine.batch import BatchDecoder, RowRequest, RowResult
 from .engine.budget import KVBudget
 from .engine.compiled import LARGEST_FORWARD, CompileGuard, compiled_forward
-from .engine.loop import SpeculativeDecoder
+from .engine.prefill import Prefiller
 from .engine.runner import ModelRunner
 from .engine.stats import SpecStats
 from .errors import VocabularyMismatchError
@@ -102,16 +102,8 @@ class SpeculativeVLM:
         vocab_limit = check_vocabularies(target, draft, vocab_size)
         self.policy = resolve_policy(policy)
         self.pruning = resolve_pruning(pruning, prune_ratio)
-        self._decoder = SpeculativeDecoder(
-            self._target_runner,
-            self._draft_runner,
-            self.policy,
-            vocab_limit,
-            self.pruning,
-            draft_input_limit=draft.get_input_embeddings().weight.shape[0],
-        )
         self._batch = BatchDecoder(
-            SpeculativeDecoder(
+            Prefiller(
                 ModelRunner(target_adapter),
                 ModelRunner(draft_adapter),
                 self.policy,
@@ -219,7 +211,6 @@ class SpeculativeVLM:
             raise ValueError(f"input_ids must be (batch, length), got shape {tuple(input_ids.shape)}")
         input_keys = self._target_runner.adapter.input_keys
         model_inputs = {k: kwargs.pop(k) for k in input_keys if k != "input_ids" and kwargs.get(k) is not None}
-        mask = model_inputs.get("attention_mask")
         return_dict = kwargs.pop("return_dict_in_generate", None)
         # The models may have moved since they were wrapped (`spec.target.cuda()`); inputs follow them, and the
         # logits processors are built where the target's logits are.
@@ -236,28 +227,22 @@ class SpeculativeVLM:
             {k: v for k, v in target_inputs.items() if k != "input_ids"},
             on_device(generator, device),
         )
-        if input_ids.shape[0] > 1 or (mask is not None and not bool(mask.all())):
-            if streamer is not None:
-                raise ValueError(
-                    "a streamer follows one sequence (transformers' streamers take batch size 1): "
-                    "pass one prompt to stream, or no streamer for a batch"
-                )
-            sequences = self._generate_rows(target_inputs, settings)
-        elif settings.num_sequences > 1:
-            if streamer is not None:
-                raise ValueError("a streamer follows one sequence: pass num_return_sequences=1 to stream")
-            sequences = self._generate_rows(target_inputs, settings)
-        else:
-            draft_inputs = _to_device(model_inputs, self._draft_runner.device)
-            sequences, self.last_stats = self._decoder.run(target_inputs, draft_inputs, settings, streamer)
+        if streamer is not None and input_ids.shape[0] > 1:
+            raise ValueError(
+                "a streamer follows one sequence (transformers' streamers take batch size 1): "
+                "pass one prompt to stream, or no streamer for a batch"
+            )
+        if streamer is not None and settings.num_sequences > 1:
+            raise ValueError("a streamer follows one sequence: pass num_return_sequences=1 to stream")
+        sequences = self._generate_rows(target_inputs, settings, streamer)
         if return_dict or (return_dict is None and self.target.generation_config.return_dict_in_generate):
             return GenerateDecoderOnlyOutput(sequences=sequences)
         return sequences
 
-    def _generate_rows(self, inputs: dict[str, torch.Tensor], settings: Any) -> torch.Tensor:
-        """A padded batch, or one prompt's several draws, decoded together: each row's `num_return_sequences` draws
-        (sharing the row's prefill) as sequences of their own, each output the row's padded prompt and its new
-        tokens, padded after EOS as `generate` pads."""
+    def _generate_rows(self, inputs: dict[str, torch.Tensor], settings: Any, streamer: Any = None) -> torch.Tensor:
+        """Every row's `num_return_sequences` draws (sharing the row's prefill) decoded together as sequences of their
+        own (one prompt and one draw: a batch of one, which `streamer` may follow), each output the row's padded
+        prompt and its new tokens, padded after EOS as `generate` pads."""
         rows = self._target_runner.adapter.split_rows(inputs)
         draft_device = self._draft_runner.device
         requests = [
@@ -267,6 +252,7 @@ class SpeculativeVLM:
                 _to_device(row, draft_device),
                 inputs["input_ids"][b : b + 1],
                 settings.for_row(b),
+                streamer=streamer,
             )
             for b, row in enumerate(rows)
             for i in range(settings.num_sequences)
@@ -328,21 +314,8 @@ class SpeculativeVLM:
                     continue
                 yield RowRequest(key, row, _to_device(row, draft_device), row["input_ids"], settings)
 
-        if batch_size == 1:
-            yield from self._one_at_a_time(requests())
-            return
         admit = None if budget is None else budget.admits
         yield from self._batch.run(requests(), batch_size, admit)
-
-    def _one_at_a_time(self, requests: Iterable[RowRequest]) -> Iterator[RowResult]:
-        """`stream` at batch size 1: each prompt through the one-sequence decoder, whose forwards attend to the cache
-        without a mask as wide as it."""
-        for request in requests:
-            if request.error is not None:
-                yield RowResult(request.key, None, None, request.error)
-                continue
-            sequence, stats = self._decoder.run(request.target_inputs, request.draft_inputs, request.settings)
-            yield RowResult(request.key, sequence, stats)
 
     @torch.inference_mode()
     def warm_up(self, max_new_tokens: int = 128, **inputs: Any) -> float:
@@ -353,14 +326,14 @@ class SpeculativeVLM:
         if not self.compiled:
             return 0.0
         started = time.perf_counter()
+        self._target_runner.refresh()
+        self._draft_runner.refresh()
         keys = self._target_runner.adapter.input_keys
-        model_inputs = {k: inputs[k] for k in keys if inputs.get(k) is not None}
-        for runner in (self._target_runner, self._draft_runner):
-            if runner.compiled is not None:
-                runner.check_compiled(
-                    runner.prefill(_to_device(model_inputs, runner.adapter.device), room=max_new_tokens)
-                )
-                runner.warm_up(LARGEST_FORWARD)
+        row = _to_device({k: inputs[k] for k in keys if inputs.get(k) is not None}, self._target_runner.device)
+        others = {k: v for k, v in row.items() if k != "input_ids"}
+        settings = resolve_generation(self.target, None, {"max_new_tokens": max_new_tokens}, row["input_ids"], others)
+        request = RowRequest(0, row, _to_device(row, self._draft_runner.device), row["input_ids"], settings)
+        self._batch.warm_up(request, LARGEST_FORWARD)
         return time.perf_counter() - started
 
     def __repr__(self) -> str:

@@ -1,4 +1,4 @@
-"""Many sequences decoded together: each row drafts its own tree, one target forward verifies every row's tree.
+"""Sequences decoded together, one or many: each row drafts its own tree, one target forward verifies every row's tree.
 
 A row is one prompt (its draft prompt pruned by its own verifier scores) with its own policy state, token sink and
 stopping. Prompts that join the batch together are prefilled in one left-padded target forward (each row's scores
@@ -20,13 +20,21 @@ from typing import Any
 import torch
 
 from ..adapters import VisualLayout
-from ..policies import AdaptiveTreePlan, BatchShape, CostAwareTreePlan, RankTreePlan, TreePlan, TreePolicy
+from ..policies import (
+    AdaptiveTreePlan,
+    BatchShape,
+    CostAwareTreePlan,
+    RankTreePlan,
+    StepOutcome,
+    TreePlan,
+    TreePolicy,
+)
 from ..pruning import VerifierScores, scoring
 from .choice import NodeProcessing, TargetSampler
 from .commit import plan_commit
 from .counting import host_values
 from .draft import Drafted, Drafter, SlotsRead
-from .loop import DecodeSettings, Prefilled, SpeculativeDecoder, TokenSink, observe_step
+from .prefill import Prefilled, Prefiller
 from .report import StepReport
 from .row_cache import RowCache
 from .row_runner import RowForward, RowRunner
@@ -41,14 +49,16 @@ from .rows_step import (
 )
 from .runner import ModelRunner
 from .schedule import Admission
-from .stats import PhaseTimer, SpecStats
-from .tree import rank_tree_shape, with_edges
+from .sequence import DecodeSettings, TokenSink
+from .stats import PhaseTimer, SpecStats, StepRecord
+from .tree import DraftTree, rank_tree_shape, with_edges
 
 
 @dataclass
 class RowRequest:
     """One sequence to decode: its own (unpadded) inputs for each model, the ids its output starts with (`prompt`
-    (1, P): a padded batch's row keeps its padding there) and how to decode it. `key` names it in the results."""
+    (1, P): a padded batch's row keeps its padding there) and how to decode it. `key` names it in the results;
+    `streamer` (transformers' streamer protocol) follows its tokens as they are emitted."""
 
     key: Any
     target_inputs: dict[str, Any]
@@ -56,6 +66,7 @@ class RowRequest:
     prompt: torch.Tensor
     settings: DecodeSettings | None
     error: Exception | None = None
+    streamer: Any = None
 
     @property
     def positions(self) -> int:
@@ -81,7 +92,7 @@ class _Row:
     def __init__(self, request: RowRequest, policy: TreePolicy, drafter: Drafter):
         self.request = request
         self.settings = request.settings
-        self.sink = TokenSink(request.prompt, request.settings, None)
+        self.sink = TokenSink(request.prompt, request.settings, request.streamer)
         self.policy = policy
         self.drafter = drafter
         self.stats = SpecStats()
@@ -89,6 +100,7 @@ class _Row:
         self.pending: torch.Tensor | None = None
 
     def result(self) -> RowResult:
+        self.sink.close()
         self.stats.new_tokens = self.sink.new_tokens
         self.stats.finish(time.perf_counter() - self.started)
         return RowResult(self.request.key, self.sink.sequence, self.stats)
@@ -97,23 +109,25 @@ class _Row:
 class BatchDecoder:
     """Lossless tree speculative decoding of many prompts, up to `batch_size` of them in flight at once.
 
-    `single` is a one-sequence decoder of the pair, on runners of its own: it prefills the prompts that join (its
-    caches are copied into the batch's) and gives the batch its policy, pruning and vocabulary limits. `compiled_from`
-    are the pair's own runners (target, draft): the batch's forwards run compiled as theirs do, under their guard.
+    One sequence is a batch of one (`batch_size` 1). `prefiller` runs the prompts that join on runners of its own
+    (their caches are copied into the batch's) and gives the batch its policy, pruning and vocabulary limits.
+    `compiled_from` are the pair's own runners (target, draft): the batch's forwards run compiled as theirs do, under
+    their guard.
     """
 
-    def __init__(self, single: SpeculativeDecoder, compiled_from: tuple[ModelRunner, ModelRunner] | None = None):
-        self.single = single
+    def __init__(self, prefiller: Prefiller, compiled_from: tuple[ModelRunner, ModelRunner] | None = None):
+        self.prefiller = prefiller
         self.compiled_from = compiled_from
         self._fixed_caches: list[RowCache | None] = [None, None]
-        self.policy = single.policy
-        self.vocab_limit = single.drafter.vocab_limit
-        self.draft_input_limit = single.drafter.input_limit
+        self.policy = prefiller.policy
+        self.vocab_limit = prefiller.vocab_limit
+        self.draft_input_limit = prefiller.draft_input_limit
         self.stats = SpecStats()
         self._shared: tuple[dict[str, Any], Prefilled] | None = None
         self._pending: tuple[list[torch.Tensor], torch.Tensor, list[int]] | None = None
         self._tokens = RowTokens()
         self._eos: tuple[list[torch.Tensor], torch.Tensor] | None = None
+        self._alone = False
 
     def run(
         self,
@@ -126,8 +140,11 @@ class BatchDecoder:
         `admit(in_flight, positions)` may refuse another row of `positions` beside rows of `in_flight` positions (a
         memory budget); a refused request waits until a row finishes. A request carrying an `error`, or failing in
         its prefill, is yielded as failed and the others go on. `stats` holds the batch's phase times afterwards.
+        At `batch_size` 1 each sequence decodes alone: its policy plans as for one sequence (`TreePolicy.plan`), not
+        as a batch's row (`plan_batch`).
         """
         admission = Admission(requests, batch_size, admit)
+        self._alone = batch_size == 1
         target, draft = self._runners(batch_size)
         rows: list[_Row] = []
         self.stats = SpecStats()
@@ -163,13 +180,31 @@ class BatchDecoder:
                     for row in finished:
                         yield row.result()
         finally:
+            for row in rows:
+                row.sink.close()
+            self._release()
+
+    def warm_up(self, request: RowRequest, largest: int) -> None:
+        """Admit `request` alone and run each compiled model's check against eager forwards and a forward of every
+        padded size up to `largest` tokens over its row (compiling each), then let it go undecoded."""
+        target, draft = self._runners(1)
+        try:
+            ((_, row),) = self._admit_all([request], target, draft)
+            if isinstance(row, Exception):
+                raise row
+            if row.sink.finished:
+                return
+            self._check_compiled([row], target, draft)
+            for runner in (target, draft):
+                runner.warm_up(largest)
+        finally:
             self._release()
 
     def _runners(self, batch_size: int) -> tuple[RowRunner, RowRunner]:
         """The batch's target and draft runners for up to `batch_size` rows, compiled as the pair's own runners are
         now (eager once the pair fell back); compiled ones keep the last batch's cache buffers."""
         made = []
-        for index, (role, single) in enumerate((("target", self.single.target), ("draft", self.single.draft))):
+        for index, (role, single) in enumerate((("target", self.prefiller.target), ("draft", self.prefiller.draft))):
             own = None if self.compiled_from is None else self.compiled_from[index]
             compiled, guard = (None, None) if own is None else (own.compiled, own.guard)
             runner = RowRunner(single.adapter, batch_size, compiled, guard, role, self._fixed_caches[index])
@@ -219,7 +254,7 @@ class BatchDecoder:
         """Prefill the target over the requests' prompts in one left-padded forward (each row's pruning scores taken
         from its own rows of it), emit each first token, then prefill the draft over the prompts that go on in one
         forward too (each row keeping its own visual tokens) and take those rows in."""
-        single = self.single
+        single = self.prefiller
         adapter, pruning = single.target.adapter, single.pruning
         batch = adapter.join_rows([r.target_inputs for r in requests], 0)
         length = batch["input_ids"].shape[1]
@@ -269,7 +304,7 @@ class BatchDecoder:
     ) -> torch.Tensor:
         """Which of the request's prompt tokens its pruned draft prompt keeps (bool over its prompt)."""
         started = time.perf_counter()
-        keep = self.single.draft_keep(request.target_inputs, layout, None if scorer is None else scorer.scores)
+        keep = self.prefiller.draft_keep(request.target_inputs, layout, None if scorer is None else scorer.scores)
         row.stats.phase_seconds["pruning"] += time.perf_counter() - started
         return keep
 
@@ -278,7 +313,7 @@ class BatchDecoder:
     ) -> tuple[list[int], list[int]]:
         """Prefill the draft over the requests' prompts, each cut to its `keeps`, in one left-padded forward; returns
         where each row's prompt starts in its cache row and how far its positions run past its cache indices."""
-        draft = self.single.draft
+        draft = self.prefiller.draft
         batch = draft.adapter.join_rows([r.draft_inputs for r in requests], 0)
         width = batch["input_ids"].shape[1]
         pads = [width - r.draft_inputs["input_ids"].shape[1] for r in requests]
@@ -301,7 +336,7 @@ class BatchDecoder:
         """Prefill a request alone (both models, pruning by its own verifier scores), emit its first token and, unless
         that ends it, take its caches into the batch. Requests sharing their inputs (several draws of one prompt, one
         after another) share one prefill."""
-        single, settings = self.single, request.settings
+        single, settings = self.prefiller, request.settings
         row = _Row(request, self.policy.for_row(), Drafter(draft, self.vocab_limit, self.draft_input_limit))
         if row.sink.finished:
             return row
@@ -310,7 +345,7 @@ class BatchDecoder:
             prefill = self._shared[1]
         else:
             self._shared = None
-            prefill = Prefilled(request.target_inputs, request.draft_inputs, settings.max_new_tokens)
+            prefill = Prefilled(request.target_inputs, request.draft_inputs)
             single.prefill_target(prefill, row.stats, timer)
             self._shared = (request.target_inputs, prefill)
         first = settings.sampler.first(prefill.logits, row.sink.sequence)
@@ -331,15 +366,15 @@ class BatchDecoder:
         self._shared = None
         self._pending = self._eos = None
         self._tokens = RowTokens()
-        self.single.target.cache = None
-        self.single.draft.cache = None
+        self.prefiller.target.cache = None
+        self.prefiller.draft.cache = None
 
     def _step(self, rows: list[_Row], target: RowRunner, draft: RowRunner, timer: PhaseTimer) -> None:
         """One draft -> verify -> accept -> commit step of every row: as `(B, N)` tensors of one structure when every
         row drafts the same tree of rank paths under one rule (greedy or sampling); else as trees of their own
         structure, grown together when they are all SAGE's or all sage-gt's (`draft_adaptive_rows`), else row by row."""
         step_started = time.perf_counter()
-        plans = self.policy.plan_batch([row.policy for row in rows])
+        plans = [rows[0].policy.plan()] if self._alone else self.policy.plan_batch([row.policy for row in rows])
         if _same_rank_tree(plans) and len({row.settings.sampler.do_sample for row in rows}) == 1:
             self._step_together(rows, plans[0], target, draft, timer, step_started)
             return
@@ -712,3 +747,54 @@ def _similar_lengths(requests: list[RowRequest]) -> list[list[RowRequest]]:
             groups.append([request])
             tokens = length
     return groups
+
+
+def observe_step(
+    policy: TreePolicy,
+    plan: TreePlan,
+    drafted: Drafted,
+    tree: DraftTree,
+    report: StepReport,
+    stats: SpecStats,
+    timer: PhaseTimer,
+    step_started: float,
+    contexts: tuple[int, int],
+    batch: BatchShape | None = None,
+) -> None:
+    """The one observer of a finished step: the policy learns from it and `stats` records it. `contexts` are the
+    draft's and the target's cache lengths the step's forwards ran over; `batch` what the whole step fed and emitted
+    when the sequence decoded among others (their step times are its times), None when it decoded alone."""
+    policy.observe(
+        StepOutcome(
+            root_log_probs=drafted.root_log_probs,
+            accepted=report.accepted,
+            tree=drafted.tree,
+            path=report.path,
+            draft_forwards=drafted.forwards,
+            draft_tokens=drafted.fed_tokens,
+            draft_context=contexts[0],
+            target_context=contexts[1],
+            draft_seconds=timer.last["drafting"],
+            verify_seconds=timer.last["verification"],
+            seconds=time.perf_counter() - step_started,
+            statistics=report.statistics,
+            tree_parents=report.tree_parents,
+            tree_log_probs=report.tree_log_probs,
+            batch=batch,
+        )
+    )
+    predicted = policy.prediction
+    stats.steps.append(
+        StepRecord(
+            alpha=policy.confidence,
+            depth=plan.depth,
+            width=plan.width,
+            nodes=tree.size - 1,
+            accepted=report.accepted,
+            tree_depth=tree.depth,
+            greedy_depth=report.greedy_depth,
+            seconds=timer.last["drafting"] + timer.last["verification"],
+            predicted_tokens=None if predicted is None else predicted[0],
+            predicted_seconds=None if predicted is None else predicted[1],
+        )
+    )

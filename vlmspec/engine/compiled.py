@@ -1,10 +1,10 @@
 """Compiled forwards: when `torch.compile` runs a model's decoding forward, and how it is set up.
 
-Compiled, a decoding forward sees fixed shapes only: the cache is fixed (`SlabCache.fix`, or a fixed `RowCache` for
-a batch), the tokens are padded (`padded_size`: 1, 2, 4, 8, 16, then multiples of 16), a batch's rows to a bucket of
-slots (`row_bucket`), and the mask spans the cache's rounded capacity, so each model compiles once per padded size,
-bucket and capacity. On CUDA the graphs are also captured (`mode="reduce-overhead"`): one replay
-per forward instead of hundreds of launches. On the CPU inductor fuses the forward.
+Compiled, a decoding forward sees fixed shapes only: the cache is fixed (a fixed `RowCache`), the tokens are padded
+(`padded_size`: 1, 2, 4, 8, 16, then multiples of 16), the rows to a bucket of slots (`row_bucket`), and the mask
+spans the cache's rounded capacity, so each model compiles once per padded size, bucket and capacity. On CUDA the
+graphs are also captured (`mode="reduce-overhead"`): one replay per forward instead of hundreds of launches. On the
+CPU inductor fuses the forward.
 
 `"auto"` compiles on CUDA and runs eager elsewhere: on the CPU compiled decoding of the demo pair measured faster
 in the steady state (0.27 s against 0.34 s a call of 64 tokens), but compiling every padded size takes 20-50 s,
@@ -135,8 +135,9 @@ class CompileGuard:
     """What a pair does when its compiled forwards misbehave. Under `compile="on"` (`strict`) a forward that raises
     raises. Under `"auto"` the pair (both models) runs eager from then on, with one warning that names the error and
     `compile="on"` as the way to see it raise; a forward that failed is run again eager, so the call in flight loses
-    nothing. Under `"auto"` each model is also checked once at first use (`ModelRunner.check_compiled`): its compiled
-    forwards must choose the tokens its eager ones choose on a short greedy decode, or the pair falls back the same way.
+    nothing. Under `"auto"` each model is also checked once at first use (`RowRunner.check_compiled`, before the rows'
+    first step): its compiled forwards must choose the tokens its eager ones choose on a short greedy decode, or the
+    pair falls back the same way.
     """
 
     def __init__(self, setting: str | bool):
@@ -148,15 +149,15 @@ class CompileGuard:
         fallback turns it eager too."""
         self.runners.add(runner)
 
-    def needs_check(self, runner: Runner) -> bool:
+    def needs_check(self, runner: RowRunner) -> bool:
         """Whether `runner`'s compiled forwards are still to be checked against its eager ones (under `"auto"` only)."""
         held = _held(runner.adapter.model)
         return not self.strict and runner.compiled is not None and held is not None and not held.checked
 
-    def check(self, runner: Runner, greedy: Callable[[bool], list], what: str) -> None:
+    def check(self, runner: RowRunner, greedy: Callable[[bool], list]) -> None:
         """Under `"auto"`, once per model: compare the tokens `greedy(True)` chooses through `runner`'s compiled
         forwards with those `greedy(False)` chooses through eager ones (a short greedy decode), and let the model run
-        on compiled or fall the pair back; `what` names the forwards in the warning."""
+        on compiled or fall the pair back."""
         if not self.needs_check(runner):
             return
         chosen = {}
@@ -168,11 +169,11 @@ class CompileGuard:
             self.passed(runner)
         else:
             self.fall_back(
-                f"the {runner.role}'s compiled {what} chose other tokens than its eager ones on a {CHECK_TOKENS}-token "
-                f"greedy decode (compiled {chosen[True]}, eager {chosen[False]})"
+                f"the {runner.role}'s compiled forwards chose other tokens than its eager ones on a "
+                f"{CHECK_TOKENS}-token greedy decode (compiled {chosen[True]}, eager {chosen[False]})"
             )
 
-    def passed(self, runner: Runner) -> None:
+    def passed(self, runner: RowRunner) -> None:
         """`runner`'s model passed its check: no wrapper of it checks it again."""
         held = _held(runner.adapter.model)
         if held is not None:
@@ -234,14 +235,3 @@ def row_bucket(rows: int) -> int:
     """The rows a compiled batched forward runs over for `rows` in flight: the next power of two, so a batch meets
     few distinct shapes as its rows finish."""
     return 1 << max(0, rows - 1).bit_length()
-
-
-def fixed_mask(block: torch.Tensor, end: int, size: int, capacity: int) -> torch.Tensor:
-    """The additive mask `(1, 1, size, capacity)` of a fixed-shape forward whose `q` real tokens end at cache
-    position `end`: every row sees the positions before the `block` `(1, 1, q, k)`, which masks the last k real
-    ones; padding rows see only the prefix, and nothing sees a padding row or a position at `end` or later."""
-    q, width = block.shape[-2:]
-    mask = torch.full((1, 1, size, capacity), torch.finfo(block.dtype).min, dtype=block.dtype, device=block.device)
-    mask[..., : end - width] = 0
-    mask[..., :q, end - width : end] = block
-    return mask

@@ -9,9 +9,8 @@ import torch
 
 from ..policies import TreePlan
 from .choice import NodeProcessing
-from .row_runner import RowForward
-from .runner import ModelRunner
-from .tree import DraftTree, TreeBuilder, additive_mask
+from .row_runner import RowForward, RowRunner
+from .tree import DraftTree, TreeBuilder
 
 # Log-probabilities are ranked above this floor; tokens the warpers cut are ranked below it, by processed order.
 _RANK_FLOOR = 1e4
@@ -108,7 +107,7 @@ class Drafter:
     accuracy, never the output's exactness.
     """
 
-    def __init__(self, runner: ModelRunner, vocab_limit: int, input_limit: int):
+    def __init__(self, runner: RowRunner, vocab_limit: int, input_limit: int):
         self.runner = runner
         self.vocab_limit = vocab_limit
         self.input_limit = input_limit
@@ -125,33 +124,6 @@ class Drafter:
         tokens = None if rows is None else self.builder.tokens[: self.builder.size]
         return proposal_log_probs(logits, processing, self.vocab_limit, sequence, tokens, rows)
 
-    def grow(
-        self,
-        pending: torch.Tensor,
-        plan: TreePlan,
-        sequence: torch.Tensor,
-        processing: NodeProcessing | None = None,
-        max_depth: int | None = None,
-    ) -> Drafted:
-        """`pending` are the emitted tokens the draft has not seen; the last one is the root of the tree.
-
-        `sequence` (1, T) is everything emitted so far, ending with the root; `processing` the config's processors.
-        The tree stops at `max_depth` levels (the tokens left in the budget, less the bonus token), if given.
-        """
-        runner = self.runner
-        steps = self.steps(pending, plan, sequence, runner.length, processing, max_depth)
-        request = next(steps)
-        while True:
-            if isinstance(request, SlotsRead):
-                answer = request.valid.tolist()
-            else:
-                bias = additive_mask(request.visible, runner.dtype)
-                answer = runner.forward(request.tokens, request.depths, bias, request.base_index)
-            try:
-                request = steps.send(answer)
-            except StopIteration as grown:
-                return grown.value
-
     def steps(
         self,
         pending: torch.Tensor,
@@ -161,9 +133,13 @@ class Drafter:
         processing: NodeProcessing | None = None,
         max_depth: int | None = None,
     ) -> Generator[RowForward | SlotsRead, torch.Tensor | list[bool], Drafted]:
-        """`grow` as a generator: yields each draft forward it needs over a cache of `length` positions, is sent that
-        forward's logits (q, V), and returns the tree; so many rows' trees can grow through one batched forward. A
-        padded tree yields a last `SlotsRead` and is sent its slots' host values, so many rows read theirs at once."""
+        """Grow one row's tree as a generator: yields each draft forward it needs over a cache of `length` positions, is
+        sent that forward's logits (q, V), and returns the tree; so many rows' trees grow through one batched forward.
+        A padded tree yields a last `SlotsRead` and is sent its slots' host values, so many rows read theirs at once.
+
+        `pending` are the emitted tokens the draft has not seen (the last one is the root); `sequence` (1, T) is
+        everything emitted so far, ending with the root; `processing` the config's processors. The tree stops at
+        `max_depth` levels (the tokens left in the budget, less the bonus token), if given."""
         masked = plan.masked if plan.masked is not None else self.runner.device.type != "cpu"
         depth = plan.levels(masked) if max_depth is None else max(0, min(plan.levels(masked), max_depth))
         slots = plan.max_nodes * (depth if masked else 1)

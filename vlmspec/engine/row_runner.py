@@ -10,7 +10,7 @@ import torch
 from ..adapters import ModelAdapter
 from ..attention import tree_attention
 from .cache import TREE_ROOM, SlabCache
-from .compiled import CHECK_TOKENS, CompileGuard, padded_size
+from .compiled import CHECK_TOKENS, CompileGuard, padded_size, padded_sizes
 from .counting import arange, host_values
 from .row_cache import RowCache
 from .runner import ModelRunner
@@ -133,6 +133,12 @@ class RowRunner:
         cache, device = self.cache, self.device
         rows, q = tokens.shape
         cache.prepare(self._fed(q))
+        counts = [q] * rows if counts is None else counts
+        if rows == 1 and not cache.fixed:
+            # One row sees every key before its block: the mask covers the block alone, and the prefix is attended
+            # unmasked on the fused kernel (`tree_block_attention`), whose cost stays flat as long prompts grow.
+            block = arange(q, device)[None, :] <= arange(q, device)[:, None] if visible is None else visible[..., :-2]
+            return self._run(tokens, start[:, None] + depths, block.reshape(1, q, -1), counts)
         relative = arange(cache.span, device)[None, :] - cache.starts[:rows, None]
         if visible is None:
             seen = relative[:, None, :] <= arange(q, device)[None, :, None]
@@ -143,7 +149,19 @@ class RowRunner:
                 seen = visible[:, columns].transpose(0, 1)
             else:  # the last column (index -1) is the one for the keys before the block
                 seen = visible.gather(2, (columns % (width + 2))[:, None, :].expand(-1, q, -1))
-        return self._run(tokens, start[:, None] + depths, seen, [q] * rows if counts is None else counts)
+        return self._run(tokens, start[:, None] + depths, seen, counts)
+
+    def warm_up(self, largest: int) -> None:
+        """Run the compiled forward once at every padded size up to `largest` tokens over the rows (compiling each),
+        leaving the cache as it was."""
+        lengths, device = list(self.cache.lengths), self.device
+        start = self.positions(host_values(lengths, device))
+        for size in padded_sizes(largest):
+            if self.compiled is None:
+                return
+            tokens = torch.zeros(len(lengths), size, dtype=torch.long, device=device)
+            self.forward_rows(tokens, arange(size + 1, device)[1:], start, None)
+            self.cache.lengths = list(lengths)
 
     def check_compiled(self, first: torch.Tensor) -> None:
         """Once per model under `compile="auto"`, before the rows' first step: from each row's next token `first` (B,),
@@ -151,7 +169,7 @@ class RowRunner:
         shapes), one token at a time and then the same tokens as one causal block, and report to the guard whether
         both chose the same tokens. The cache is left as it was."""
         if self.guard is not None:
-            self.guard.check(self, lambda compiled: self._greedy_check(first, compiled), "batched forwards")
+            self.guard.check(self, lambda compiled: self._greedy_check(first, compiled))
 
     def _greedy_check(self, first: torch.Tensor, compiled: bool) -> list[list[int]]:
         """The tokens `check_compiled` compares, from one run of fixed-shape forwards, compiled or eager."""

@@ -225,10 +225,9 @@ def draft_adaptive_rows(
     device = pending.device
     rows = pending.shape[0]
     top_k, caps = plans[0].top_k, [plan.max_nodes for plan in plans]
-    row_depths = [max(0, min(plan.levels(True), limit)) for plan, limit in zip(plans, max_depths, strict=True)]
     valued = isinstance(plans[0], CostAwareTreePlan)
-    # sage-gt's unmasked growth reads level by level whether the next one pays; at batch its levels are masked.
-    masked = valued or (plans[0].masked if plans[0].masked is not None else device.type != "cpu")
+    masked = plans[0].masked if plans[0].masked is not None else device.type != "cpu"
+    row_depths = [max(0, min(plan.levels(masked), limit)) for plan, limit in zip(plans, max_depths, strict=True)]
     levels = max(row_depths)
     root_logits, root, root_position, fed_tokens = _root_forward(draft, pending, counts, input_limit)
     plain = uniform_processing(processings)
@@ -252,6 +251,8 @@ def draft_adaptive_rows(
         table = plans[0].calibration.table(device)
         explore = host_values([plan.explore for plan in plans], device, torch.bool)
         parent_values = torch.ones(rows, 1, device=device)
+        forward_floors = host_values([f for plan in plans for f in plan.forward_floor], device, torch.float32)
+        continuation = plans[0].calibration.continuation
     rank_row = arange(top_k, device).float()
     size, frontier, level_ends = 1, slice(0, 1), [1]
     cached_depth, forwards = 0, 1
@@ -284,10 +285,19 @@ def draft_adaptive_rows(
             rank = torch.empty_like(order).scatter_(1, order, arange(order.shape[1], device).expand(rows, -1))
             keep &= (rank < (room - real_nodes)[:, None]).view_as(keep)
         kept = keep.flatten(1)
+        grows = True
         if not masked:
-            # As the one-row drafter grows unmasked: the level holds the most children a row keeps (one read), and
-            # the growth stops at the first level no row adds to.
-            count = int(kept.sum(1).max())
+            # As the one-row drafter grows unmasked: the level holds the most children a row keeps, and the growth
+            # stops at the first level no row adds to; a sage-gt row grows below this level while the level's value
+            # pays for a draft forward over it (`CostAwareTreePlan.grows`). One read a level.
+            per_row = kept.sum(1)
+            if valued:
+                gain = (scores.flatten(1) * kept).sum(1) * continuation
+                paying = gain > forward_floors[0::2] + forward_floors[1::2] * per_row
+                deep_enough = torch.where(paying, deep_enough, level)
+                count, grows = torch.stack([per_row.max(), paying.any()]).tolist()
+            else:
+                count = int(per_row.max())
         if count == 0:  # (masked: every row's node cap is 0, a plain step)
             break
         order = torch.argsort((~kept).to(torch.uint8), dim=1, stable=True)[:, :count]
@@ -307,7 +317,7 @@ def draft_adaptive_rows(
             parent_values = scores.flatten(1).gather(1, order) * level_valid
         size = new.stop
         level_ends.append(size)
-        if level == levels:
+        if level == levels or not grows:
             break
         visible = with_edges(ancestors[:, new, 1:size])
         logits = draft.forward_rows(tokens[:, new], depths[new], root_position, visible)

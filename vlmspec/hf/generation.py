@@ -14,7 +14,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel
 
 from ..engine.choice import NodeProcessing, TargetSampler
-from ..engine.loop import DecodeSettings
+from ..engine.sequence import DecodeSettings
 
 
 def resolve_generation(

@@ -1,0 +1,113 @@
+"""One sequence being decoded: what stops and shapes it (`DecodeSettings`) and where its tokens go (`TokenSink`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from .choice import NodeProcessing, TargetSampler
+from .counting import host_values
+from .report import StepReport
+
+
+@dataclass
+class DecodeSettings:
+    """What stops and shapes decoding: the token budget, EOS ids, the target's sampler and the draft's processing.
+
+    `draft_processing` holds the config's processors (repetition penalty, ..., and the warpers when the target
+    samples) for the draft's proposals, so it proposes what the processed target chooses; None when there are none.
+    `num_sequences` continuations are drawn from one prefill; shorter ones are padded with `pad_token_id`.
+    """
+
+    max_new_tokens: int
+    eos_token_ids: torch.Tensor
+    sampler: TargetSampler
+    draft_processing: NodeProcessing | None = None
+    num_sequences: int = 1
+    pad_token_id: int | None = None
+
+    def for_row(self, row: int) -> DecodeSettings:
+        """The settings of row `row` of the padded batch they were resolved for (processors that hold a value per
+        row take that row's)."""
+        sampler = self.sampler.for_row(row)
+        if sampler is self.sampler:
+            return self
+        processing = None if self.draft_processing is None else self.draft_processing.for_row(row)
+        return replace(self, sampler=sampler, draft_processing=processing)
+
+
+class TokenSink:
+    """Collects emitted tokens after the prompt, cuts at EOS and at the budget, and feeds a streamer.
+
+    Tokens taken `on_device=False` are kept as the host's copy of the step's read and written to the device in one
+    copy when the sequence is next asked for: a batch whose rows' sequences nothing reads during decoding (no logits
+    processors) writes each row's tokens once, at its end, not once per step.
+    """
+
+    def __init__(self, prompt: torch.Tensor, settings: DecodeSettings, streamer: Any):
+        self.settings = settings
+        self.streamer = streamer
+        self.buffer = torch.empty(1, prompt.shape[1] + settings.max_new_tokens, dtype=torch.long, device=prompt.device)
+        self.buffer[:, : prompt.shape[1]] = prompt
+        self.length = prompt.shape[1]
+        self.prompt_length = prompt.shape[1]
+        self.finished = settings.max_new_tokens <= 0
+        self._host: list[int] = []
+        if streamer is not None:
+            streamer.put(prompt.cpu())
+
+    @property
+    def sequence(self) -> torch.Tensor:
+        self._write_host()
+        return self.buffer[:, : self.length]
+
+    def _write_host(self) -> None:
+        """Write the tokens kept on the host into the device's buffer."""
+        if self._host:
+            start = self.length - len(self._host)
+            self.buffer[0, start : self.length] = host_values(self._host, self.buffer.device)
+            self._host = []
+
+    @property
+    def new_tokens(self) -> int:
+        return self.length - self.prompt_length
+
+    @property
+    def room(self) -> int:
+        """Tokens the budget still allows."""
+        return self.settings.max_new_tokens - self.new_tokens
+
+    def take(self, tokens: torch.Tensor, report: StepReport, on_device: bool = True) -> None:
+        """Append the first `report.count` of a step's `tokens` (on the device), as its report settled them: copied
+        on the device, or (`on_device=False`) kept from the report's host copy until the sequence is asked for."""
+        if on_device:
+            self._write_host()
+            self.buffer[0, self.length : self.length + report.count] = tokens[: report.count]
+        else:
+            self._host += report.tokens[: report.count]
+        self.length += report.count
+        self.finished = report.finished
+        if self.streamer is not None and report.count:
+            self.streamer.put(torch.tensor(report.tokens[: report.count]))
+
+    def emit(self, tokens: torch.Tensor) -> None:
+        """Append `tokens` (k,), stopping after the first EOS or when `max_new_tokens` is reached."""
+        self._write_host()
+        room = self.room
+        is_eos = torch.isin(tokens, self.settings.eos_token_ids)
+        if bool(is_eos.any()):
+            tokens = tokens[: int(is_eos.int().argmax()) + 1]
+            self.finished = True
+        if tokens.shape[0] >= room:
+            tokens = tokens[:room]
+            self.finished = True
+        self.buffer[0, self.length : self.length + tokens.shape[0]] = tokens
+        self.length += tokens.shape[0]
+        if self.streamer is not None and tokens.shape[0]:
+            self.streamer.put(tokens.cpu())
+
+    def close(self) -> None:
+        if self.streamer is not None:
+            self.streamer.end()
