@@ -214,8 +214,9 @@ def draft_adaptive_rows(
     all rows.
 
     Each level is one number of slots for every row: a fixed one, as the masked one-row drafter sizes it for the
-    widest row (on accelerators; always for sage-gt), or, unmasked (SAGE on the CPU, where a read costs nothing and a
-    forward's tokens cost compute), the most children a row keeps, read level by level. Each row keeps the children
+    widest row (on accelerators), or, unmasked (on the CPU, where a read costs nothing and a forward's tokens cost
+    compute), the most children a row keeps, read level by level with whether any sage-gt row's next level pays.
+    Each row keeps the children
     its own plan selects (`AdaptiveTreePlan.select`, or `CostAwareTreePlan.select` with the rows' shared
     calibration; its widths, thresholds or node prices held as tensors), first by frontier slot then rank, the rest
     masked. One read of every row's real slots then gathers each row's tree to its own nodes, so every row gets the
