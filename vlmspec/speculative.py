@@ -104,14 +104,13 @@ class SpeculativeVLM:
         self.pruning = resolve_pruning(pruning, prune_ratio)
         self._batch = BatchDecoder(
             Prefiller(
-                ModelRunner(target_adapter),
-                ModelRunner(draft_adapter),
+                self._target_runner,
+                self._draft_runner,
                 self.policy,
                 vocab_limit,
                 self.pruning,
                 draft_input_limit=draft.get_input_embeddings().weight.shape[0],
-            ),
-            compiled_from=(self._target_runner, self._draft_runner),
+            )
         )
         self.last_stats: SpecStats | None = None
 

@@ -47,7 +47,6 @@ from .rows_step import (
     draft_rows,
     uniform_processing,
 )
-from .runner import ModelRunner
 from .schedule import Admission
 from .sequence import DecodeSettings, TokenSink
 from .stats import PhaseTimer, SpecStats, StepRecord
@@ -109,15 +108,13 @@ class _Row:
 class BatchDecoder:
     """Lossless tree speculative decoding of many prompts, up to `batch_size` of them in flight at once.
 
-    One sequence is a batch of one (`batch_size` 1). `prefiller` runs the prompts that join on runners of its own
-    (their caches are copied into the batch's) and gives the batch its policy, pruning and vocabulary limits.
-    `compiled_from` are the pair's own runners (target, draft): the batch's forwards run compiled as theirs do, under
-    their guard.
+    One sequence is a batch of one (`batch_size` 1). `prefiller` runs the prompts that join on the pair's runners
+    (their caches are copied into the batch's) and gives the batch its policy, pruning and vocabulary limits; the
+    batch's forwards run compiled as those runners' models do, under the pair's guard.
     """
 
-    def __init__(self, prefiller: Prefiller, compiled_from: tuple[ModelRunner, ModelRunner] | None = None):
+    def __init__(self, prefiller: Prefiller):
         self.prefiller = prefiller
-        self.compiled_from = compiled_from
         self._fixed_caches: list[RowCache | None] = [None, None]
         self.policy = prefiller.policy
         self.vocab_limit = prefiller.vocab_limit
@@ -201,13 +198,11 @@ class BatchDecoder:
             self._release()
 
     def _runners(self, batch_size: int) -> tuple[RowRunner, RowRunner]:
-        """The batch's target and draft runners for up to `batch_size` rows, compiled as the pair's own runners are
-        now (eager once the pair fell back); compiled ones keep the last batch's cache buffers."""
+        """The batch's target and draft runners for up to `batch_size` rows, compiled as the pair's runners are now
+        (eager once the pair fell back); compiled ones keep the last batch's cache buffers."""
         made = []
-        for index, (role, single) in enumerate((("target", self.prefiller.target), ("draft", self.prefiller.draft))):
-            own = None if self.compiled_from is None else self.compiled_from[index]
-            compiled, guard = (None, None) if own is None else (own.compiled, own.guard)
-            runner = RowRunner(single.adapter, batch_size, compiled, guard, role, self._fixed_caches[index])
+        for index, own in enumerate((self.prefiller.target, self.prefiller.draft)):
+            runner = RowRunner(own.adapter, batch_size, own.compiled, own.guard, own.role, self._fixed_caches[index])
             self._fixed_caches[index] = runner.cache if runner.cache.fixed else None
             made.append(runner)
         return made[0], made[1]

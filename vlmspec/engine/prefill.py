@@ -30,7 +30,7 @@ class Prefilled:
 
 
 class Prefiller:
-    """Prefills one prompt at a time for a pair (target and draft runners of their own, whose caches the batch takes
+    """Prefills one prompt at a time for a pair (on the pair's target and draft runners, whose caches the batch takes
     its rows from), and holds what the pair decodes under: its policy, pruning and vocabulary limits."""
 
     def __init__(
