@@ -194,4 +194,4 @@ def test_visibility_blocks_of_many_trees_get_their_edges_each():
     edged = with_edges(blocks)
     for b in range(3):
         assert torch.equal(edged[b], with_edges(blocks[b]))
-    assert not edged[..., -2].any() and edged[..., -1].all() and torch.equal(edged[..., :-2], blocks)
+    assert edged[..., 0].all() and not edged[..., -1].any() and torch.equal(edged[..., 1:-1], blocks)

@@ -137,18 +137,18 @@ class RowRunner:
         if rows == 1 and not cache.fixed:
             # One row sees every key before its block: the mask covers the block alone, and the prefix is attended
             # unmasked on the fused kernel (`tree_block_attention`), whose cost stays flat as long prompts grow.
-            block = arange(q, device)[None, :] <= arange(q, device)[:, None] if visible is None else visible[..., :-2]
+            block = arange(q, device)[None, :] <= arange(q, device)[:, None] if visible is None else visible[..., 1:-1]
             return self._run(tokens, start[:, None] + depths, block.reshape(1, q, -1), counts)
         relative = arange(cache.span, device)[None, :] - cache.starts[:rows, None]
         if visible is None:
             seen = relative[:, None, :] <= arange(q, device)[None, :, None]
         else:
             width = visible.shape[-1] - 2
-            columns = (relative - (q - width)).clamp(-1, width)
+            columns = (relative - (q - width - 1)).clamp(0, width + 1)
             if visible.ndim == 2:
                 seen = visible[:, columns].transpose(0, 1)
-            else:  # the last column (index -1) is the one for the keys before the block
-                seen = visible.gather(2, (columns % (width + 2))[:, None, :].expand(-1, q, -1))
+            else:
+                seen = visible.gather(2, columns[:, None, :].expand(-1, q, -1))
         return self._run(tokens, start[:, None] + depths, seen, counts)
 
     def warm_up(self, largest: int) -> None:

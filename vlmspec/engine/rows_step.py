@@ -24,7 +24,7 @@ from .counting import arange, host_values
 from .draft import Drafted, proposal_log_probs, proposal_log_probs_rows
 from .report import StepReport, emitted_rows, pack_rows, read_rows
 from .row_runner import RowRunner
-from .tree import TreeRows, TreeShape, with_edges
+from .tree import TreeRows, TreeShape
 
 
 @dataclass
@@ -216,12 +216,13 @@ def draft_adaptive_rows(
     Each level is one number of slots for every row: a fixed one, as the masked one-row drafter sizes it for the
     widest row (on accelerators), or, unmasked (on the CPU, where a read costs nothing and a forward's tokens cost
     compute), the most children a row keeps, read level by level with whether any sage-gt row's next level pays.
-    Each row keeps the children
-    its own plan selects (`AdaptiveTreePlan.select`, or `CostAwareTreePlan.select` with the rows' shared
-    calibration; its widths, thresholds or node prices held as tensors), first by frontier slot then rank, the rest
-    masked. One read of every row's real slots then gathers each row's tree to its own nodes, so every row gets the
-    tree the one-row drafter grows for it (per-row structure, padded; `slots` maps each node to the slot the draft
-    was fed it at). Arguments as `draft_rows`'.
+    Each row keeps the children its own plan selects (`AdaptiveTreePlan.select`, or `CostAwareTreePlan.select` with
+    the rows' shared calibration; its widths, thresholds or node prices held as tensors, every level's copied to the
+    device at once), first by frontier slot then rank, the rest dropped. A level writes only what the next one
+    reads (tokens, path log-probabilities, ancestor rows, which slots are dropped, each slot's candidate index);
+    parents, ranks and depths follow from those once, after the growth. One read of every row's real slots then
+    gathers each row's tree to its own nodes, so every row gets the tree the one-row drafter grows for it (per-row
+    structure, padded; `slots` maps each node to the slot the draft was fed it at). Arguments as `draft_rows`'.
     """
     device = pending.device
     rows = pending.shape[0]
@@ -233,27 +234,23 @@ def draft_adaptive_rows(
     root_logits, root, root_position, fed_tokens = _root_forward(draft, pending, counts, input_limit)
     plain = uniform_processing(processings)
     capacity = 1 + levels * max(caps)
-    tokens = torch.zeros(rows, capacity, dtype=torch.long, device=device)
-    log_probs = torch.zeros(rows, capacity, device=device)
-    parents = torch.full((rows, capacity), -1, dtype=torch.long, device=device)
-    ranks = torch.zeros(rows, capacity, dtype=torch.long, device=device)
-    depths = torch.zeros(capacity, dtype=torch.long, device=device)
+    settings = _level_settings(plans, levels, valued, row_depths, device)
+    tokens = torch.empty(rows, capacity, dtype=torch.long, device=device)
+    log_probs = torch.empty(rows, capacity, device=device)
+    candidates = torch.zeros(rows, capacity, dtype=torch.long, device=device)
+    dropped = torch.empty(rows, capacity, dtype=torch.bool, device=device)
     ancestors = torch.zeros(rows, capacity, capacity, dtype=torch.bool, device=device)
     ancestors[:, 0, 0] = True
-    valid = torch.zeros(rows, capacity, dtype=torch.bool, device=device)
-    valid[:, 0] = True
+    dropped[:, 0] = False
     tokens[:, 0] = root
+    log_probs[:, 0] = 0.0
     root_log_probs, root_order = _log_probs(root_logits[:, None], plain, processings, sequences, vocab_limit)
     child_log_probs, child_order = root_log_probs, root_order
-    deep_enough = host_values(row_depths, device)
-    real_nodes = torch.zeros(rows, dtype=torch.long, device=device)
-    room = host_values(caps, device)
+    reach, shallowest = settings.reach, min(row_depths)
     if valued:
         table = plans[0].calibration.table(device)
-        explore = host_values([plan.explore for plan in plans], device, torch.bool)
-        parent_values = torch.ones(rows, 1, device=device)
-        forward_floors = host_values([f for plan in plans for f in plan.forward_floor], device, torch.float32)
         continuation = plans[0].calibration.continuation
+        parent_values = None  # the first level's parent is the root, worth 1
     rank_row = arange(top_k, device).float()
     size, frontier, level_ends = 1, slice(0, 1), [1]
     cached_depth, forwards = 0, 1
@@ -263,65 +260,67 @@ def draft_adaptive_rows(
         parent_log_probs = log_probs[:, frontier]
         # Each row's W_l (W at the first level, W / l below, scaled by 0.5 + P_parent) and its floor (log theta_l for
         # SAGE, the node price for sage-gt), as its plan computes them on the host.
-        scale = [plan.width if level == 1 else plan.width / level for plan in plans]
-        floors = [plan.node_floor if valued else math.log(plan.threshold(level)) for plan in plans]
-        bounds = host_values(scale + floors, device, torch.float32)
-        width = bounds[:rows, None] if level == 1 else bounds[:rows, None] * (0.5 + parent_log_probs.exp())
-        cumulative = parent_log_probs[:, :, None] + top_log_probs
+        scale, floor = settings.widths[level - 1, :, None], settings.floors[level - 1, :, None, None]
+        width = scale if level == 1 else (parent_log_probs.exp() + 0.5) * scale
+        # The root's path log-probability is 0.
+        cumulative = top_log_probs if level == 1 else parent_log_probs[:, :, None] + top_log_probs
         if valued:
             # sage-gt: a child is worth its calibrated acceptance times its parent's.
-            scores = plans[0].calibration.rate(top_log_probs, table) * parent_values[:, :, None]
-            keep = (scores > bounds[rows:, None, None]) & (rank_row < width[:, :, None])
+            scores = plans[0].calibration.rate(top_log_probs, table)
+            scores = scores if level == 1 else scores * parent_values[:, :, None]
+            drop = (scores <= floor) | (rank_row >= width[:, :, None])
             if level == 1:
-                keep[:, 0, 0] |= explore
+                drop[:, 0, 0] &= settings.stay
         else:
             scores = cumulative
-            keep = (rank_row < width[:, :, None]) & (cumulative > bounds[rows:, None, None])
-        keep &= (deep_enough >= level)[:, None, None]
+            drop = (rank_row >= width[:, :, None]) | (cumulative <= floor)
+        if level > shallowest:  # some row's budget (or value) ends above this level
+            drop |= (reach < level)[:, None, None]
         bound = parent_log_probs.shape[1] * max(plan.max_children(level) for plan in plans)
         count = min(bound, max(caps))
         if size - 1 + (count if masked else bound) > min(caps):
             # A node cap may bind: each row keeps its best children within what it has left.
-            order = scores.masked_fill(~keep, -torch.inf).flatten(1).argsort(dim=1, descending=True, stable=True)
+            order = scores.masked_fill(drop, -torch.inf).flatten(1).argsort(dim=1, descending=True, stable=True)
             rank = torch.empty_like(order).scatter_(1, order, arange(order.shape[1], device).expand(rows, -1))
-            keep &= (rank < (room - real_nodes)[:, None]).view_as(keep)
-        kept = keep.flatten(1)
+            left = dropped[:, 1:size].sum(1) + (settings.caps - (size - 1))
+            drop |= (rank >= left[:, None]).view_as(drop)
+        flat_drop = drop.flatten(1)
         grows = True
         if not masked:
             # As the one-row drafter grows unmasked: the level holds the most children a row keeps, and the growth
             # stops at the first level no row adds to; a sage-gt row grows below this level while the level's value
             # pays for a draft forward over it (`CostAwareTreePlan.grows`). One read a level.
-            per_row = kept.sum(1)
+            per_row = flat_drop.shape[1] - flat_drop.sum(1)
             if valued:
-                gain = (scores.flatten(1) * kept).sum(1) * continuation
-                paying = gain > forward_floors[0::2] + forward_floors[1::2] * per_row
-                deep_enough = torch.where(paying, deep_enough, level)
+                gain = scores.flatten(1).masked_fill(flat_drop, 0.0).sum(1) * continuation
+                paying = gain > settings.forward_fixed + settings.forward_per_node * per_row
+                reach, shallowest = torch.where(paying, reach, level), level
                 count, grows = torch.stack([per_row.max(), paying.any()]).tolist()
             else:
                 count = int(per_row.max())
         if count == 0:  # (masked: every row's node cap is 0, a plain step)
             break
-        order = torch.argsort((~kept).to(torch.uint8), dim=1, stable=True)[:, :count]
+        # Each row's kept candidates first, by frontier slot then rank.
+        order = torch.argsort(flat_drop.to(torch.uint8), dim=1, stable=True)[:, :count]
         new = slice(size, size + count)
-        level_valid = kept.gather(1, order)
-        parent_slots = order // top_k + frontier.start
-        tokens[:, new] = top.indices.flatten(1).gather(1, order)
-        log_probs[:, new] = cumulative.flatten(1).gather(1, order).masked_fill(~level_valid, -torch.inf)
-        parents[:, new] = parent_slots
-        ranks[:, new] = order % top_k
-        depths[new] = level
-        ancestors[:, new] = ancestors.gather(1, parent_slots[:, :, None].expand(-1, -1, capacity))
+        torch.gather(top.indices.flatten(1), 1, order, out=tokens[:, new])
+        torch.gather(cumulative.masked_fill(drop, -torch.inf).flatten(1), 1, order, out=log_probs[:, new])
+        torch.gather(flat_drop, 1, order, out=dropped[:, new])
+        candidates[:, new] = order
+        parent = (order // top_k)[:, :, None].expand(-1, -1, capacity)
+        torch.gather(ancestors[:, frontier], 1, parent, out=ancestors[:, new])
         ancestors[:, new, new].diagonal(dim1=1, dim2=2).fill_(True)
-        valid[:, new] = level_valid
-        real_nodes = real_nodes + level_valid.sum(1)
         if valued:
-            parent_values = scores.flatten(1).gather(1, order) * level_valid
+            parent_values = scores.flatten(1).masked_fill(flat_drop, 0.0).gather(1, order)
         size = new.stop
         level_ends.append(size)
         if level == levels or not grows:
             break
-        visible = with_edges(ancestors[:, new, 1:size])
-        logits = draft.forward_rows(tokens[:, new], depths[new], root_position, visible)
+        # The new nodes' ancestor rows over slots 0..size are their visibility with its edges (`with_edges`): the
+        # root before the block, the slot after it not yet grown.
+        visible = ancestors[:, new, : size + 1]
+        depths = arange(levels + 1, device)[level : level + 1].expand(count)
+        logits = draft.forward_rows(tokens[:, new], depths, root_position, visible)
         forwards, fed_tokens = forwards + 1, fed_tokens + rows * count
         child_log_probs, child_order = _log_probs(
             logits, plain, processings, sequences, vocab_limit, tokens[:, :size], ancestors[:, new, :size]
@@ -329,10 +328,8 @@ def draft_adaptive_rows(
         frontier = new
         cached_depth = level
     # The step's one read for the trees: every row's real slots.
-    real = [[slot for slot, keep in enumerate(flags) if keep] for flags in valid[:, :size].tolist()]
-    trees, greedy_depth = _gathered(tokens, log_probs, parents, depths, ancestors, ranks, real)
-    tree_depths = [bisect.bisect_right(level_ends, slots[-1]) for slots in real]
-    trees.depth = max(tree_depths)
+    real = [[slot for slot, drop in enumerate(flags) if not drop] for flags in dropped[:, :size].tolist()]
+    trees, greedy_depth, tree_depths = _gathered(tokens, log_probs, candidates, ancestors, top_k, real, level_ends)
     sizes = [len(slots) for slots in real]
     cached = [cached_depth] * rows
     return RowsDrafted(
@@ -340,39 +337,92 @@ def draft_adaptive_rows(
     )
 
 
+@dataclass
+class _LevelSettings:
+    """Every row's plan parameters for every level, on the device from one copy: widths and floors (levels, B), and
+    (B,) each: how many levels the row may grow (`reach`), its node cap, and sage-gt's forward price (fixed and per
+    node) and whether its first child stays (`stay`: not exploring)."""
+
+    widths: torch.Tensor
+    floors: torch.Tensor
+    reach: torch.Tensor
+    caps: torch.Tensor
+    forward_fixed: torch.Tensor | None
+    forward_per_node: torch.Tensor | None
+    stay: torch.Tensor | None
+
+
+def _level_settings(
+    plans: Sequence[AdaptiveTreePlan], levels: int, valued: bool, row_depths: list[int], device: torch.device
+) -> _LevelSettings:
+    """`_LevelSettings` of `plans` over `levels` levels (one host-to-device copy)."""
+    rows = len(plans)
+    widths = [plan.width if level == 1 else plan.width / level for level in range(1, levels + 1) for plan in plans]
+    floors = [
+        plan.node_floor if valued else math.log(plan.threshold(level))
+        for level in range(1, levels + 1)
+        for plan in plans
+    ]
+    values = widths + floors + row_depths + [plan.max_nodes for plan in plans]
+    if valued:
+        values += [plan.forward_floor[0] for plan in plans] + [plan.forward_floor[1] for plan in plans]
+        values += [float(not plan.explore) for plan in plans]
+    held = host_values(values, device, torch.float32)
+    table = held[: 2 * levels * rows].view(2, levels, rows)
+    tail = held[2 * levels * rows :].view(-1, rows)
+    return _LevelSettings(
+        table[0],
+        table[1],
+        tail[0],
+        tail[1],
+        tail[2] if valued else None,
+        tail[3] if valued else None,
+        tail[4] > 0 if valued else None,
+    )
+
+
 def _gathered(
     tokens: torch.Tensor,
     log_probs: torch.Tensor,
-    parents: torch.Tensor,
-    depths: torch.Tensor,
+    candidates: torch.Tensor,
     ancestors: torch.Tensor,
-    ranks: torch.Tensor,
+    top_k: int,
     real: list[list[int]],
-) -> tuple[TreeRows, torch.Tensor]:
+    level_ends: list[int],
+) -> tuple[TreeRows, torch.Tensor, list[int]]:
     """Each row's `real` slots of its padded levels gathered into a tree of its own nodes (per-row structure, padded
-    to the largest, the padding invalid), and how deep each row's draft top-1 path reaches in it (B,)."""
+    to the largest, the padding invalid), how deep each row's draft top-1 path reaches in it (B,), and each row's
+    tree depth (host). A slot's parent is the frontier slot its candidate index (`candidates`: frontier slot times
+    `top_k` plus rank) names, in the level before its own (`level_ends`: where each level ends)."""
     device = tokens.device
     rows, n, width = len(real), max(len(slots) for slots in real), tokens.shape[1]
     remap = [[0] * width for _ in real]
+    depths, starts, fixed = [], [], []
     for b, slots in enumerate(real):
         for node, slot in enumerate(slots):
             remap[b][slot] = node
-    padded = [slots + [0] * (n - len(slots)) for slots in real]
-    flat = [v for row in padded for v in row] + [v for row in remap for v in row] + [len(slots) for slots in real]
+            depth = bisect.bisect_right(level_ends, slot)
+            depths.append(depth)
+            starts.append(level_ends[depth - 2] if depth > 1 else 0)
+            fixed.append(-1 if node == 0 else -2)  # the root has no parent; real nodes take theirs
+        pad = range(len(slots), n)
+        depths.extend(0 for _ in pad)
+        starts.extend(0 for _ in pad)
+        fixed.extend(pad)  # padding is its own parent
+    padded = [v for slots in real for v in slots + [0] * (n - len(slots))]
+    flat = padded + [v for row in remap for v in row] + depths + starts + fixed + [len(slots) for slots in real]
     written = host_values(flat, device)
-    index = written[: rows * n].view(rows, n)
-    new_index = written[rows * n : rows * n + rows * width].view(rows, width)
+    index, new_index = written[: rows * n].view(rows, n), written[rows * n : rows * (n + width)].view(rows, width)
+    node_depths, node_starts, node_fixed = written[rows * (n + width) : rows * (4 * n + width)].view(3, rows, n)
     own = arange(n, device)
-    is_real = own[None] < written[rows * n + rows * width :, None]
-    node_parents = new_index.gather(1, parents.gather(1, index).clamp_min(0))
-    node_parents = torch.where(is_real, node_parents, own[None])
-    node_parents[:, 0] = -1
+    is_real = own[None] < written[rows * (4 * n + width) :, None]
+    node_candidates = candidates.gather(1, index)
+    parents = new_index.gather(1, node_candidates // top_k + node_starts)
+    node_parents = torch.where(node_fixed >= -1, node_fixed, parents)
     by_row = ancestors.gather(1, index[:, :, None].expand(-1, -1, ancestors.shape[2]))
     node_ancestors = by_row.gather(2, index[:, None, :].expand(-1, n, -1))
     node_ancestors &= is_real[:, :, None] & is_real[:, None, :]
-    node_depths = depths[index]
-    node_ranks = ranks.gather(1, index)
-    on_path = ~(node_ancestors & (node_ranks != 0)[:, None, :]).any(dim=2)
+    off_path = node_ancestors & (node_candidates % top_k != 0)[:, None, :]
     trees = TreeRows(
         tokens.gather(1, index),
         log_probs.gather(1, index).masked_fill(~is_real, -torch.inf),
@@ -382,7 +432,9 @@ def _gathered(
         0,
         is_real,
     )
-    return trees, (node_depths * on_path * is_real).amax(dim=1)
+    tree_depths = [bisect.bisect_right(level_ends, slots[-1]) for slots in real]
+    trees.depth = max(tree_depths)
+    return trees, (node_depths * ~off_path.any(dim=2) * is_real).amax(dim=1), tree_depths
 
 
 def _log_probs(

@@ -30,11 +30,12 @@ def additive_mask(visible: torch.Tensor, dtype: torch.dtype, prefix_len: int = 0
 
 
 def with_edges(visible: torch.Tensor) -> torch.Tensor:
-    """A (..., q, w) visibility block as `RowRunner.forward_rows` takes it, (..., q, w + 2): column w stands for the
-    keys after the block (unseen), the last column for those before it (seen), so one clamped index says what each
-    key is."""
+    """A (..., q, w) visibility block as `RowRunner.forward_rows` takes it, (..., q, w + 2): column 0 stands for the
+    keys before the block (seen), the last column for those after it (unseen), so one clamped index says what each
+    key is. (A tree's ancestor rows over its slots 0..w + 1 already have this layout when slot 0, the root, is
+    before the block and slot w + 1 is not yet grown.)"""
     edge = visible.shape[:-1] + (1,)
-    return torch.cat([visible, visible.new_zeros(edge), visible.new_ones(edge)], dim=-1)
+    return torch.cat([visible.new_ones(edge), visible, visible.new_zeros(edge)], dim=-1)
 
 
 @dataclass
