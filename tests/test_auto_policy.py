@@ -1,5 +1,5 @@
-"""The default policy, `auto`: SAGE's trees for a sequence decoded alone, chains for sequences decoded together
-(no model: plans and made-up steps)."""
+"""The default policy, `auto`: SAGE's trees for a sequence decoded alone, chains of a measured length for sequences
+decoded together (no model: plans and made-up steps)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,15 @@ import torch
 from policy_steps import chain_step
 
 from vlmspec import SpeculativeVLM
-from vlmspec.policies import SPECVLM_TREE, AdaptiveTreePlan, AutoPolicy, ChainPolicy, RankTreePlan
+from vlmspec.policies import (
+    SPECVLM_TREE,
+    AdaptiveTreePlan,
+    AutoPolicy,
+    BatchShape,
+    ChainLengthConfig,
+    ChainPolicy,
+    RankTreePlan,
+)
 
 
 def test_no_policy_given_means_auto(target):
@@ -32,3 +40,25 @@ def test_sequences_decoded_together_draft_chains_however_many_are_in_flight(rows
     policy = AutoPolicy()
     plans = policy.plan_batch([policy.for_row() for _ in range(rows)])
     assert [p.paths for p in plans] == [ChainPolicy().plan().paths] * rows
+
+
+def test_a_batchs_rows_learn_one_chain_length_and_its_step_time_once():
+    policy = AutoPolicy(chain=ChainLengthConfig(warmup=(3, 6)))
+    rows = [policy.for_row() for _ in range(3)]
+    assert all(row.lengths is policy.lengths for row in rows)
+    first = policy.plan_batch(rows)
+    assert [p.paths for p in first] == [ChainPolicy(3).plan().paths] * 3
+    log_probs = torch.zeros(10).log_softmax(-1)
+    for b, row in enumerate(rows):
+        step = chain_step(log_probs, accepted=2, probs=[0.9] * 3)
+        step.batch = BatchShape(3, 12, 3, 9, 9, 100, 100, first=b == 0)
+        row.observe(step)
+    assert len(policy.lengths.times) == 1
+    assert [p.paths for p in policy.plan_batch(rows)] == [ChainPolicy(6).plan().paths] * 3
+
+
+def test_a_batch_that_samples_drafts_the_default_chain_whatever_the_clock_says():
+    policy = AutoPolicy(chain=ChainLengthConfig(warmup=(2,)))
+    rows = [policy.for_row() for _ in range(2)]
+    plans = policy.plan_batch(rows, timed=False)
+    assert [p.paths for p in plans] == [ChainPolicy().plan().paths] * 2

@@ -24,6 +24,8 @@ from .errors import (
 )
 from .hf.pipeline import pipeline
 from .policies import (
+    AutoPolicy,
+    ChainLengthConfig,
     ChainPolicy,
     SageConfig,
     SageGtConfig,
@@ -40,6 +42,8 @@ from .speculative import SpeculativeVLM
 __version__ = "0.1.0"
 
 __all__ = [
+    "AutoPolicy",
+    "ChainLengthConfig",
     "ChainPolicy",
     "ContextTooLongError",
     "EmptyPromptError",

@@ -369,8 +369,12 @@ class BatchDecoder:
         row drafts the same tree of rank paths under one rule (greedy or sampling); else as trees of their own
         structure, grown together when they are all SAGE's or all sage-gt's (`draft_adaptive_rows`), else row by row."""
         step_started = time.perf_counter()
-        plans = [rows[0].policy.plan()] if self._alone else self.policy.plan_batch([row.policy for row in rows])
-        if _same_rank_tree(plans) and len({row.settings.sampler.do_sample for row in rows}) == 1:
+        sampling = {row.settings.sampler.do_sample for row in rows}
+        if self._alone:
+            plans = [rows[0].policy.plan()]
+        else:
+            plans = self.policy.plan_batch([row.policy for row in rows], timed=True not in sampling)
+        if _same_rank_tree(plans) and len(sampling) == 1:
             self._step_together(rows, plans[0], target, draft, timer, step_started)
             return
         adaptive = _adaptive(plans)

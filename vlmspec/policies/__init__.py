@@ -5,6 +5,7 @@ from __future__ import annotations
 from .auto import AutoPolicy
 from .base import BatchShape, RankTreePlan, StepOutcome, TreePlan, TreePolicy
 from .chain import ChainPolicy
+from .chain_length import ChainLength, ChainLengthConfig
 from .sage import AdaptiveTreePlan, SageConfig, SagePolicy
 from .sage_gt import CostAwareTreePlan, SageGtConfig, SageGtPolicy
 from .static import SPECVLM_TREE, StaticTreePolicy
@@ -40,6 +41,8 @@ __all__ = [
     "AutoPolicy",
     "BatchShape",
     "AdaptiveTreePlan",
+    "ChainLength",
+    "ChainLengthConfig",
     "ChainPolicy",
     "CostAwareTreePlan",
     "POLICY_NAMES",

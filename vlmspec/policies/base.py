@@ -213,9 +213,11 @@ class TreePolicy(ABC):
     def plan(self) -> TreePlan:
         """The tree for the next step."""
 
-    def plan_batch(self, rows: Sequence[TreePolicy]) -> list[TreePlan]:
+    def plan_batch(self, rows: Sequence[TreePolicy], timed: bool = True) -> list[TreePlan]:
         """The trees for the next step of a batch whose rows decode under `rows` (this policy's `for_row` copies):
-        by default each row plans alone; a policy that prices the batch's shared verification sizes them together."""
+        by default each row plans alone; a policy that prices the batch's shared verification sizes them together.
+        With `timed` False (a row samples, and its seeded draws follow the trees' shapes) a policy that would follow
+        measured time plans what it would without a clock, where it can."""
         return [row.plan() for row in rows]
 
     def statistics(self, root_log_probs: torch.Tensor) -> torch.Tensor | None:

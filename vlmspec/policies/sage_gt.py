@@ -286,13 +286,14 @@ class SageGtPolicy(TreePolicy):
             paying_levels=self.paying_levels(forward_floor),
         )
 
-    def plan_batch(self, rows: Sequence[TreePolicy]) -> list[TreePlan]:
+    def plan_batch(self, rows: Sequence[TreePolicy], timed: bool = True) -> list[TreePlan]:
         """Each row's tree, all capped at one node count: the verification carries every row's tree padded to the
         largest, so one more node in the largest tree costs a token in every row. The cap is the largest n at which
         the rows' n-th most valuable nodes (calibrated, from their last trees) are worth, on average, what a token
         of the batch's verification costs. Past its own tree's end a row counts 0, unless the last cap cut its tree:
         then it counts its last node's value again, up to twice that cap, so the cap grows back while it pays. A row
-        just admitted starts from the first levels of SAGE's first tree."""
+        just admitted starts from the first levels of SAGE's first tree. Sizing by measured cost is the policy itself,
+        so it does so under `timed` False too: a seeded sampled batch's draws then follow the machine's speed."""
         plans = [row.plan() for row in rows]
         known = [
             (plan, row.state.last_tree)
