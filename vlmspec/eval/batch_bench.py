@@ -45,10 +45,11 @@ def run_batch_bench(
 ) -> dict[str, Any]:
     """Tokens per second of plain batched `generate` and of each method at every batch size (greedy decoding).
 
-    With `repeats` > 1 every cell is timed that many times, in turns (plain `generate`, then each method, then again),
-    and its tokens per second come from the median time: on a machine whose speed drifts by more than the margins
-    measured, one run per cell settles nothing. Every run's ids are checked. When the pair runs compiled, each
-    method first decodes the items once untimed at every batch size, so no compilation falls in the figures.
+    With `repeats` > 1 every cell is timed that many times, in turns (plain `generate`, then each method, each turn
+    starting from the next method, then again), and its tokens per second come from the median time: on a machine
+    whose speed drifts by more than the margins measured, one run per cell settles nothing. Every run's ids are
+    checked. When the pair runs compiled, each method first decodes the items once untimed at every batch size, so
+    no compilation falls in the figures.
 
     With `vllm_python` (a Python that has vLLM) and `model` (the target's directory), vLLM decodes the same image
     items at every batch size too, as a peer (`peers["vllm"]`); otherwise the peer is recorded as skipped, and why.
@@ -83,7 +84,7 @@ def run_batch_bench(
             for runner in runners.values():
                 items = ((i, {k: v.to(device) for k, v in item.items()}) for i, item in enumerate(inputs))
                 list(runner.stream(items, batch_size=size, **generation))
-        for _ in range(repeats):
+        for turn in range(repeats):
             start = time.perf_counter()
             outputs = _plain(target, adapter, inputs, size, pad, device, generation)
             seconds = time.perf_counter() - start
@@ -94,7 +95,11 @@ def run_batch_bench(
                 references = rows
             runs["generate"].append(_cell(rows, references, seconds))
             bar.update()
-            for method, runner in runners.items():
+            # Each turn starts the methods from the next one, so no method always runs right after plain `generate`.
+            shift = turn % max(len(runners), 1)
+            order = list(runners)[shift:] + list(runners)[:shift]
+            for method in order:
+                runner = runners[method]
                 items = ((i, {k: v.to(device) for k, v in item.items()}) for i, item in enumerate(inputs))
                 start = time.perf_counter()
                 results = sorted(runner.stream(items, batch_size=size, **generation), key=lambda r: r.key)
