@@ -4,6 +4,7 @@ decoded together."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import cache
 
 import torch
 
@@ -30,15 +31,11 @@ class AutoPolicy(TreePolicy):
     def __init__(self, sage: SageConfig | None = None, chain: ChainLengthConfig | None = None):
         self.sage = SagePolicy(sage)
         self.lengths = ChainLength(chain)
-        self._chains = {
-            k: RankTreePlan([[0] * d for d in range(1, k + 1)]) for k in range(1, self.lengths.config.longest + 1)
-        }
 
     def for_row(self) -> AutoPolicy:
         """A row's policy: its own SAGE state; the chain length is learned by the batch, shared with every row."""
         row = AutoPolicy(self.sage.config, self.lengths.config)
         row.lengths = self.lengths
-        row._chains = self._chains
         return row
 
     def reset(self) -> None:
@@ -48,7 +45,7 @@ class AutoPolicy(TreePolicy):
         return self.sage.plan()
 
     def plan_batch(self, rows: Sequence[TreePolicy], timed: bool = True) -> list[TreePlan]:
-        return [self._chains[self.lengths.choose(len(rows), timed)]] * len(rows)
+        return [_chain(self.lengths.choose(len(rows), timed))] * len(rows)
 
     def statistics(self, root_log_probs: torch.Tensor) -> torch.Tensor:
         return self.sage.statistics(root_log_probs)
@@ -65,3 +62,9 @@ class AutoPolicy(TreePolicy):
     @property
     def confidence(self) -> float | None:
         return self.sage.confidence
+
+
+@cache
+def _chain(length: int) -> RankTreePlan:
+    """The chain of `length` draft tokens (one plan per length, shared: a rank tree never changes)."""
+    return RankTreePlan([[0] * d for d in range(1, length + 1)])
