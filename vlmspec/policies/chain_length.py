@@ -60,7 +60,6 @@ class ChainLength:
         self._reached = [c.prior_trials] * c.longest
         self._passed = [c.prior * c.prior_trials] * c.longest
         self._chosen = 0
-        self.last: int = c.default
 
     def rates(self) -> list[float]:
         """Per depth, the recent rate at which its draft token is accepted when every token above it was."""
@@ -95,18 +94,15 @@ class ChainLength:
         """The next step's length for `rows` rows; with `timed` False the default (plans that follow no clock)."""
         c = self.config
         if not timed:
-            self.last = c.default
-            return self.last
+            return c.default
         turn = self._chosen
         self._chosen += 1
         if len(self.times) < len(c.warmup):
-            self.last = c.warmup[turn % len(c.warmup)]
-            return self.last
+            return c.warmup[turn % len(c.warmup)]
         length = self.best(rows)
         if turn % c.explore_every == c.explore_every - 1:
             length = (length + 1, length - 1, c.longest)[(turn // c.explore_every) % 3]
-        self.last = min(max(length, 1), c.longest)
-        return self.last
+        return min(max(length, 1), c.longest)
 
     def observe_step(self, rows: int, length: int, seconds: float) -> None:
         """A finished step of `rows` rows that drafted `length` tokens each, in `seconds`."""
