@@ -397,7 +397,7 @@ def _gathered(
     device = tokens.device
     rows, n, width = len(real), max(len(slots) for slots in real), tokens.shape[1]
     remap = [[0] * width for _ in real]
-    depths, starts, fixed = [], [], []
+    depths, starts, fixed, tree_depths = [], [], [], []
     for b, slots in enumerate(real):
         for node, slot in enumerate(slots):
             remap[b][slot] = node
@@ -405,6 +405,7 @@ def _gathered(
             depths.append(depth)
             starts.append(level_ends[depth - 2] if depth > 1 else 0)
             fixed.append(-1 if node == 0 else -2)  # the root has no parent; real nodes take theirs
+        tree_depths.append(depth)  # slots ascend, so the last is the deepest
         pad = range(len(slots), n)
         depths.extend(0 for _ in pad)
         starts.extend(0 for _ in pad)
@@ -432,7 +433,6 @@ def _gathered(
         0,
         is_real,
     )
-    tree_depths = [bisect.bisect_right(level_ends, slots[-1]) for slots in real]
     trees.depth = max(tree_depths)
     return trees, (node_depths * ~off_path.any(dim=2) * is_real).amax(dim=1), tree_depths
 
