@@ -122,6 +122,41 @@ def test_a_padded_batch_decodes_as_the_targets_batched_generate(from_pretrained,
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+def test_stop_strings_a_custom_processor_and_scores_decode_a_batch_as_the_targets_generate(
+    from_pretrained, image_path, reference, family
+):
+    """Under the released config, a padded batch with a stop string the first row reaches, a caller's processor and
+    `output_scores`: the target's own `generate` on that batch, ids and scores."""
+    from test_custom_processors import AlternatingParity
+
+    spec = from_pretrained(family)
+    tokenizer = spec.processor.tokenizer
+    texts = [
+        spec.processor.apply_chat_template(vlmspec.processors.chat_messages(PROMPT, 1, 0)),
+        spec.processor.apply_chat_template(vlmspec.processors.chat_messages("Write a short poem about the sea.", 0, 0)),
+    ]
+    batch = on_device(dict(spec.processor(texts, images=[[load_image(image_path)], []])))
+    kwargs = dict(
+        max_new_tokens=12,
+        logits_processor=transformers.LogitsProcessorList([AlternatingParity()]),
+        return_dict_in_generate=True,
+        output_scores=True,
+        **greedy_override(family),
+    )
+    unstopped = spec.target.generate(**batch, **kwargs)
+    first = unstopped.sequences[0, batch["input_ids"].shape[1] :].tolist()
+    at = next(j for j in range(3, len(first)) if first[j] not in first[:j])
+    kwargs.update(stop_strings=[tokenizer.decode(first[at : at + 1])], tokenizer=tokenizer)
+    expected = spec.target.generate(**batch, **kwargs)
+    got = spec.generate(**batch, **kwargs)
+    assert torch.equal(got.sequences, expected.sequences)
+    assert not torch.equal(expected.sequences[0], unstopped.sequences[0])
+    assert len(got.scores) == len(expected.scores)
+    for mine, theirs in zip(got.scores[: at + 1], expected.scores, strict=False):
+        torch.testing.assert_close(mine[0], theirs[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_wrapped_transformers_models_decode_like_the_target(replica_pairs, image_path, reference, family):
     """Models loaded by `transformers`, wrapped, then moved to the test device: inputs follow the models."""
     loaded = []

@@ -75,3 +75,8 @@ class InvalidArgumentError(VLMSpecError, ValueError):
 
 class PromptTypeError(VLMSpecError, TypeError):
     """A prompt that is neither a string nor a list of strings."""
+
+
+class UnsupportedGenerationError(VLMSpecError, NotImplementedError):
+    """A `generate` argument or generation-config field vlmspec cannot honour exactly (beam search, hidden states,
+    classifier-free guidance, ...), named with why."""

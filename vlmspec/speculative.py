@@ -205,12 +205,13 @@ class SpeculativeVLM:
         rows (as `generate` expands its batch), padded as `generate` pads.
         """
         if input_ids is None:
+            input_ids = kwargs.pop("inputs", None)
+        if input_ids is None:
             raise ValueError("generate() needs input_ids (what the target's processor returned)")
         if input_ids.ndim != 2:
             raise ValueError(f"input_ids must be (batch, length), got shape {tuple(input_ids.shape)}")
         input_keys = self._target_runner.adapter.input_keys
         model_inputs = {k: kwargs.pop(k) for k in input_keys if k != "input_ids" and kwargs.get(k) is not None}
-        return_dict = kwargs.pop("return_dict_in_generate", None)
         # The models may have moved since they were wrapped (`spec.target.cuda()`); inputs follow them, and the
         # logits processors are built where the target's logits are.
         self._target_runner.refresh()
@@ -233,15 +234,19 @@ class SpeculativeVLM:
             )
         if streamer is not None and settings.num_sequences > 1:
             raise ValueError("a streamer follows one sequence: pass num_return_sequences=1 to stream")
-        sequences = self._generate_rows(target_inputs, settings, streamer)
-        if return_dict or (return_dict is None and self.target.generation_config.return_dict_in_generate):
-            return GenerateDecoderOnlyOutput(sequences=sequences)
+        results = self._generate_rows(target_inputs, settings, streamer)
+        sequences = _pad([r.sequence for r in results], settings.pad_token_id)
+        if settings.return_dict_in_generate:
+            return GenerateDecoderOnlyOutput(
+                sequences=sequences,
+                scores=_per_step([r.scores for r in results]) if settings.output_scores else None,
+                logits=_per_step([r.logits for r in results]) if settings.output_logits else None,
+            )
         return sequences
 
-    def _generate_rows(self, inputs: dict[str, torch.Tensor], settings: Any, streamer: Any = None) -> torch.Tensor:
+    def _generate_rows(self, inputs: dict[str, torch.Tensor], settings: Any, streamer: Any = None) -> list[RowResult]:
         """Every row's `num_return_sequences` draws (sharing the row's prefill) decoded together as sequences of their
-        own (one prompt and one draw: a batch of one, which `streamer` may follow), each output the row's padded
-        prompt and its new tokens, padded after EOS as `generate` pads."""
+        own (one prompt and one draw: a batch of one, which `streamer` may follow), in `generate`'s row order."""
         rows = self._target_runner.adapter.split_rows(inputs)
         draft_device = self._draft_runner.device
         requests = [
@@ -261,7 +266,7 @@ class SpeculativeVLM:
             if result.error is not None:
                 raise result.error
         self.last_stats = SpecStats.combined([r.stats for r in results], self._batch.stats)
-        return _pad([r.sequence for r in results], settings.pad_token_id)
+        return results
 
     @torch.inference_mode()
     def stream(
@@ -353,6 +358,17 @@ def _pad(sequences: list[torch.Tensor], pad_token_id: int | None) -> torch.Tenso
     for i, s in enumerate(sequences):
         padded[i, : s.shape[1]] = s[0]
     return padded
+
+
+def _per_step(rows: list[tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, ...]:
+    """Each row's per-token tensors (1, V) as `generate` returns them: one (rows, V) tensor per step, zeros where a
+    row had already finished (`generate` fills those with the scores of its padding, which no row decodes here)."""
+    steps = max(len(row) for row in rows)
+    out = []
+    for i in range(steps):
+        present = next(row[i] for row in rows if len(row) > i)
+        out.append(torch.cat([row[i] if len(row) > i else torch.zeros_like(present) for row in rows]))
+    return tuple(out)
 
 
 def on_device(generator: torch.Generator | None, device: torch.device) -> torch.Generator | None:

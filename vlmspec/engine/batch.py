@@ -41,6 +41,7 @@ from .row_runner import RowForward, RowRunner
 from .rows_step import (
     RowsDrafted,
     RowSequences,
+    RowsVerdict,
     accept_all,
     common_processing,
     draft_adaptive_rows,
@@ -50,6 +51,7 @@ from .rows_step import (
 from .schedule import Admission
 from .sequence import DecodeSettings, TokenSink
 from .stats import PhaseTimer, SpecStats, StepRecord
+from .stopping import StringWindows
 from .tree import DraftTree, rank_tree_shape, with_edges
 
 
@@ -76,12 +78,15 @@ class RowRequest:
 @dataclass
 class RowResult:
     """A finished sequence: `sequence` (1, P + n) is the prompt then its new tokens, `stats` its own statistics; or
-    the `error` it failed with (then both are None)."""
+    the `error` it failed with (then both are None). `scores` and `logits` hold, when its settings ask for them, the
+    target's processed scores and raw logits (1, V) that chose each new token, as `generate` returns them."""
 
     key: Any
     sequence: torch.Tensor | None
     stats: SpecStats | None
     error: Exception | None = None
+    scores: tuple[torch.Tensor, ...] | None = None
+    logits: tuple[torch.Tensor, ...] | None = None
 
 
 class _Row:
@@ -102,7 +107,10 @@ class _Row:
         self.sink.close()
         self.stats.new_tokens = self.sink.new_tokens
         self.stats.finish(time.perf_counter() - self.started)
-        return RowResult(self.request.key, self.sink.sequence, self.stats)
+        sink = self.sink
+        scores = None if sink.scores is None else tuple(sink.scores)
+        logits = None if sink.logits is None else tuple(sink.logits)
+        return RowResult(self.request.key, sink.sequence, self.stats, scores=scores, logits=logits)
 
 
 class BatchDecoder:
@@ -123,6 +131,7 @@ class BatchDecoder:
         self._shared: tuple[dict[str, Any], Prefilled] | None = None
         self._pending: tuple[list[torch.Tensor], torch.Tensor, list[int]] | None = None
         self._tokens = RowTokens()
+        self._strings = StringWindows()
         self._eos: tuple[list[torch.Tensor], torch.Tensor] | None = None
         self._alone = False
 
@@ -274,7 +283,7 @@ class BatchDecoder:
             row.stats.phase_seconds["pruning"] += scored
             row.stats.target_prefill_tokens = length - pads[b]
             first = request.settings.sampler.first(logits[b], row.sink.sequence)
-            row.sink.emit(first[None])
+            row.sink.emit(first[None], logits[b])
             if not row.sink.finished:
                 row.pending = first[None].to(draft.device)
                 going_on.append(b)
@@ -344,7 +353,7 @@ class BatchDecoder:
             single.prefill_target(prefill, row.stats, timer)
             self._shared = (request.target_inputs, prefill)
         first = settings.sampler.first(prefill.logits, row.sink.sequence)
-        row.sink.emit(first[None])
+        row.sink.emit(first[None], prefill.logits)
         if row.sink.finished:
             return row
         if not prefill.drafted:
@@ -361,6 +370,7 @@ class BatchDecoder:
         self._shared = None
         self._pending = self._eos = None
         self._tokens = RowTokens()
+        self._strings = StringWindows()
         self.prefiller.target.cache = None
         self.prefiller.draft.cache = None
 
@@ -409,8 +419,10 @@ class BatchDecoder:
                 [row.sink.room for row in rows],
                 policy.statistics(stacked.root_log_probs),
                 policy.reads_tree,
+                self._strings.check([row.sink for row in rows], target.device),
             )
             timer.collect()
+            self._judge_on_host(rows, accepted, logits)
         with timer("tree_update"):
             fed = [row.pending.shape[0] for row in rows]
             self._commit(rows, accepted.reports, stacked, target, draft, target_starts, draft_starts, fed)
@@ -426,8 +438,10 @@ class BatchDecoder:
             step_started,
             on_device=kept == "sinks",
         )
+        counts = [report.count for report in accepted.reports]
         if kept == "batch":
-            self._tokens.take(accepted.tokens, [report.count for report in accepted.reports])
+            self._tokens.take(accepted.tokens, counts)
+        self._strings.advance(accepted.tokens, counts)
 
     def _step_together(
         self,
@@ -478,8 +492,10 @@ class BatchDecoder:
                 [row.sink.room for row in rows],
                 policy.statistics(drafted.root_log_probs),
                 policy.reads_tree,
+                self._strings.check([row.sink for row in rows], target.device),
             )
             timer.collect()
+            self._judge_on_host(rows, accepted, logits)
         with timer("tree_update"):
             self._commit(rows, accepted.reports, drafted, target, draft, target_starts, draft_starts, counts)
         self._finish(
@@ -494,8 +510,10 @@ class BatchDecoder:
             step_started,
             on_device=kept == "sinks",
         )
+        counts = [report.count for report in accepted.reports]
         if kept == "batch":
-            self._tokens.take(accepted.tokens, [report.count for report in accepted.reports])
+            self._tokens.take(accepted.tokens, counts)
+        self._strings.advance(accepted.tokens, counts)
 
     def _finish(
         self,
@@ -559,6 +577,19 @@ class BatchDecoder:
             s if p is None else s.clamp_max(self.vocab_limit - 1) for s, p in zip(sequences, processings, strict=True)
         ]
         return sequences, draft_sequences, "sinks"
+
+    def _judge_on_host(self, rows: list[_Row], accepted: RowsVerdict, logits: torch.Tensor) -> None:
+        """Keep the scores and logits of what each row emits, from the verification's `logits` (B, N, V) at its
+        accepted path, and cut each row whose host-side stopping criteria stop it (`TokenSink.judge`): nothing runs
+        for rows that ask for neither."""
+        for b, row in enumerate(rows):
+            if not row.settings.judged_on_host:
+                continue
+            report = accepted.reports[b]
+            chosen = logits[b, report.path[: report.count]] if row.settings.records else None
+            stop = row.sink.judge(accepted.tokens[b], report.count, chosen)
+            if stop is not None:
+                accepted.reports[b] = replace(report, count=stop, finished=True)
 
     def _pending_rows(self, rows: list[_Row], device: torch.device) -> tuple[torch.Tensor, list[int]]:
         """Every row's tokens the draft has not seen, left-aligned in one `(B, P)` tensor, and how many each has: the

@@ -8,14 +8,20 @@ what the processed target would choose.
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable
+
 import torch
 from transformers import LogitsProcessorList
 from transformers.generation.logits_process import (
+    EncoderNoRepeatNGramLogitsProcessor,
+    EncoderRepetitionPenaltyLogitsProcessor,
     EpsilonLogitsWarper,
     EtaLogitsWarper,
     LogitNormalization,
     LogitsProcessor,
     MinPLogitsWarper,
+    PrefixConstrainedLogitsProcessor,
     RepetitionPenaltyLogitsProcessor,
     TemperatureLogitsWarper,
     TopHLogitsWarper,
@@ -25,6 +31,7 @@ from transformers.generation.logits_process import (
 )
 
 from .accept import draw
+from .counting import host_values
 
 _ROW_WISE = (
     TemperatureLogitsWarper,
@@ -72,7 +79,9 @@ class NodeProcessing:
         """Float32 scores (m, V) of `logits` (m, V) after the sequence processors.
 
         Row i belongs to a tree node whose ancestor row over the tree's `tokens` (root first) is `ancestors[i]`;
-        `sequence` (1, T) ends with the root. Without a tree, every row follows `sequence` itself.
+        `sequence` (1, T) ends with the root. Without a tree, every row follows `sequence` itself. Processors that
+        read more than a set of ids run once per depth present, on that depth's nodes' sequences stacked (they are
+        of one length, and `generate` calls processors on many rows at once too), after one read of the depths.
         """
         if not self.sequence_processors or self.batches_rows or tokens is None or tokens.shape[0] == 1:
             rows_tokens = None if tokens is None or tokens.shape[0] == 1 else tokens[None]
@@ -80,9 +89,23 @@ class NodeProcessing:
         scores = logits.to(dtype=torch.float32, copy=True)
         below_root = tokens[1:]
         path_rows = ancestors[:, 1 : tokens.shape[0]]
-        for i in range(scores.shape[0]):
-            ids = torch.cat([sequence[0], below_root[path_rows[i]]])[None]
-            scores[i : i + 1] = self.sequence_processors(ids, scores[i : i + 1])
+        # Each node's ancestors below the root, in tree order (stable: ties keep their order), first.
+        order = path_rows.to(torch.uint8).sort(dim=1, descending=True, stable=True).indices
+        depths = path_rows.sum(1).tolist()
+        for depth in sorted(set(depths)):
+            rows = [i for i, d in enumerate(depths) if d == depth]
+            index = host_values(rows, scores.device) if len(rows) < len(depths) else slice(None)
+            path = below_root[order[index, :depth]]
+            ids = torch.cat([sequence.expand(path.shape[0], -1), path], dim=1)
+            scores[index] = self.sequence_processors(ids, scores[index])
+        return scores
+
+    def full_scores(self, logits: torch.Tensor, sequence: torch.Tensor) -> torch.Tensor:
+        """`generate`'s scores (1, V) of the token after `sequence` (1, T): every processor, warpers included, in order
+        on float32 `logits` (1, V) (modified in place, as `generate`'s processors may)."""
+        scores = self.sequence_processors(sequence, logits)
+        for warper in self.warpers:
+            scores = warper(sequence, scores)
         return scores
 
     def for_row(self, row: int) -> NodeProcessing:
@@ -239,19 +262,51 @@ def _spread(values: torch.Tensor, columns: torch.Tensor | None, width: int) -> t
 
 def _per_row(processor: LogitsProcessor) -> bool:
     """Whether `processor` holds a value per row of its batch: `generate` gives a repetition penalty each row's
-    padding to skip."""
-    ignore = getattr(processor, "prompt_ignore_length", None)
-    return isinstance(processor, RepetitionPenaltyLogitsProcessor) and isinstance(ignore, torch.Tensor)
+    padding to skip, the encoder-side processors each row's prompt, and `prefix_allowed_tokens_fn` each row's index."""
+    if isinstance(processor, RepetitionPenaltyLogitsProcessor):
+        return isinstance(getattr(processor, "prompt_ignore_length", None), torch.Tensor)
+    return isinstance(
+        processor,
+        (
+            PrefixConstrainedLogitsProcessor,
+            EncoderRepetitionPenaltyLogitsProcessor,
+            EncoderNoRepeatNGramLogitsProcessor,
+        ),
+    )
 
 
 def _for_one_sequence(processor: LogitsProcessor, row: int = 0) -> LogitsProcessor:
     """`processor` made row-count agnostic, for row `row` of its batch: a repetition penalty skips that row's own
-    padding (`generate` sizes its ignored prompt to the batch)."""
-    if _per_row(processor):
+    padding (`generate` sizes its ignored prompt to the batch), the encoder-side processors read that row's prompt,
+    and `prefix_allowed_tokens_fn` is called with that row's index whatever rows a call carries."""
+    if not _per_row(processor):
+        return processor
+    if isinstance(processor, RepetitionPenaltyLogitsProcessor):
         ignore = processor.prompt_ignore_length.reshape(-1)
         skip = int(ignore[row if ignore.shape[0] > row else 0])
         return RepetitionPenaltyLogitsProcessor(processor.penalty, prompt_ignore_length=skip)
-    return processor
+    if isinstance(processor, PrefixConstrainedLogitsProcessor):
+        allowed = processor._prefix_allowed_tokens_fn
+        return PrefixConstrainedLogitsProcessor(_RowIndexed(allowed, row), 1)
+    own = copy.copy(processor)
+    if isinstance(processor, EncoderRepetitionPenaltyLogitsProcessor):
+        ids = processor.encoder_input_ids
+        own.encoder_input_ids = ids[min(row, ids.shape[0] - 1)][None]
+    else:
+        own.generated_ngrams = [processor.generated_ngrams[min(row, processor.batch_size - 1)]]
+        own.batch_size = 1
+    return own
+
+
+class _RowIndexed:
+    """`prefix_allowed_tokens_fn` called with row `row`'s batch index, as `generate` calls it for that row."""
+
+    def __init__(self, allowed: Callable[[int, torch.Tensor], list[int]], row: int):
+        self.allowed = allowed
+        self.row = row
+
+    def __call__(self, batch_id: int, input_ids: torch.Tensor) -> list[int]:
+        return self.allowed(self.row, input_ids)
 
 
 class TargetSampler:

@@ -83,18 +83,23 @@ def pack_rows(
     greedy_depth: torch.Tensor,
     statistics: torch.Tensor | None = None,
     with_tree: bool = False,
+    stops: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Settle EOS and the budget on the device and pack what the host must know of every row, a float64
+    """Settle EOS, stop strings and the budget on the device and pack what the host must know of every row, a float64
     `(B, values)` matrix read in one go (`read_rows`): `tokens` (B, depth + 1) are
     each row's emitted tokens, `eos_token_ids` (B, E) its EOS ids (padded with -1), `rooms` its tokens left,
-    `statistics` (B, s) its policy's values."""
+    `statistics` (B, s) its policy's values, `stops` (B, depth + 1) whether a stop string ends right after each
+    token (None: no row has any)."""
     device = tokens.device
     rows = tokens.shape[0]
     offered = verdict.accepted + 1
     positions = arange(tokens.shape[1], device)
-    is_eos = (tokens[:, :, None] == eos_token_ids[:, None, :]).any(-1) & (positions[None] < offered[:, None])
-    hit = is_eos.any(1)
-    count = torch.where(hit, is_eos.to(torch.uint8).argmax(1) + 1, offered)
+    ends = (tokens[:, :, None] == eos_token_ids[:, None, :]).any(-1)
+    if stops is not None:
+        ends = ends | stops
+    ends = ends & (positions[None] < offered[:, None])
+    hit = ends.any(1)
+    count = torch.where(hit, ends.to(torch.uint8).argmax(1) + 1, offered)
     room = rooms[0] if rows == 1 else host_values(rooms, device)
     finished = hit | (count >= room)
     flags = finished.long()[:, None] if verdict.doubt is None else torch.stack([finished, verdict.doubt], 1).long()

@@ -24,6 +24,7 @@ from .counting import arange, host_values
 from .draft import Drafted, proposal_log_probs, proposal_log_probs_rows
 from .report import StepReport, emitted_rows, pack_rows, read_rows
 from .row_runner import RowRunner
+from .stopping import StringCheck
 from .tree import TreeRows, TreeShape
 
 
@@ -487,13 +488,15 @@ def accept_all(
     rooms: list[int],
     statistics: torch.Tensor | None,
     with_tree: bool,
+    strings: StringCheck | None = None,
     compact: bool = True,
 ) -> RowsVerdict:
     """Accept every row's tree from the target's `logits` (B, N, V) and read all rows' results at once. Greedy rows
     take the target's choices, sampling rows recursive rejection (rows of both rules in one batch are accepted both
     ways, each keeping its own); a sampled row whose verdict is in doubt (see `NodeProcessing.distribution`,
     `compact`) is accepted again alone from its full rows (a second read, only then). `trees` are `drafted.trees`
-    where the target's logits are. One sequence is a batch of one."""
+    where the target's logits are; `strings` checks the rows' stop strings after each emitted token (None: no row has
+    any). One sequence is a batch of one."""
     rules = [s.do_sample for s in samplers]
     processings = [s.processing for s in samplers]
     plain = uniform_processing(processings)
@@ -524,7 +527,8 @@ def accept_all(
         if greedy is not None:
             verdict = _by_rule(host_values(rules, trees.tokens.device).bool(), verdict, greedy)
     tokens = emitted_rows(trees, verdict)
-    packed = pack_rows(trees, verdict, tokens, eos_token_ids, rooms, drafted.greedy_depth, statistics, with_tree)
+    stops = None if strings is None else strings.hits(tokens)
+    packed = pack_rows(trees, verdict, tokens, eos_token_ids, rooms, drafted.greedy_depth, statistics, with_tree, stops)
     reports = read_rows(packed, trees, tokens, with_tree, drafted.sizes)
     for b, report in enumerate(reports):
         if report.doubt:
@@ -538,6 +542,7 @@ def accept_all(
                 rooms[b : b + 1],
                 None if statistics is None else statistics[b : b + 1],
                 with_tree,
+                None if strings is None else strings.row(b),
                 compact=False,
             )
             depth = again.tokens.shape[1]

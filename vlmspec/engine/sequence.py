@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -10,6 +10,7 @@ import torch
 from .choice import NodeProcessing, TargetSampler
 from .counting import host_values
 from .report import StepReport
+from .stopping import Stopping
 
 
 @dataclass
@@ -19,6 +20,9 @@ class DecodeSettings:
     `draft_processing` holds the config's processors (repetition penalty, ..., and the warpers when the target
     samples) for the draft's proposals, so it proposes what the processed target chooses; None when there are none.
     `num_sequences` continuations are drawn from one prefill; shorter ones are padded with `pad_token_id`.
+    `stopping` holds the criteria besides EOS and the budget; `output_scores`/`output_logits` keep, for each emitted
+    token, the target's processed scores and raw logits at the position that chose it, as `generate` returns them
+    (with `return_dict_in_generate`).
     """
 
     max_new_tokens: int
@@ -27,6 +31,21 @@ class DecodeSettings:
     draft_processing: NodeProcessing | None = None
     num_sequences: int = 1
     pad_token_id: int | None = None
+    stopping: Stopping = field(default_factory=Stopping)
+    output_scores: bool = False
+    output_logits: bool = False
+    return_dict_in_generate: bool = False
+
+    @property
+    def records(self) -> bool:
+        """Whether emitted tokens' scores or logits are kept."""
+        return self.output_scores or self.output_logits
+
+    @property
+    def judged_on_host(self) -> bool:
+        """Whether each step's emitted tokens pass through the host before the sink takes them (outputs to keep, a
+        time limit or Python stopping criteria)."""
+        return self.records or self.stopping.on_host
 
     def for_row(self, row: int) -> DecodeSettings:
         """The settings of row `row` of the padded batch they were resolved for (processors that hold a value per
@@ -55,6 +74,8 @@ class TokenSink:
         self.prompt_length = prompt.shape[1]
         self.finished = settings.max_new_tokens <= 0
         self._host: list[int] = []
+        self.scores: list[torch.Tensor] | None = [] if settings.output_scores else None
+        self.logits: list[torch.Tensor] | None = [] if settings.output_logits else None
         if streamer is not None:
             streamer.put(prompt.cpu())
 
@@ -92,10 +113,48 @@ class TokenSink:
         if self.streamer is not None and report.count:
             self.streamer.put(torch.tensor(report.tokens[: report.count]))
 
-    def emit(self, tokens: torch.Tensor) -> None:
-        """Append `tokens` (k,), stopping after the first EOS or when `max_new_tokens` is reached."""
+    def judge(self, tokens: torch.Tensor, count: int, logits: torch.Tensor | None) -> int | None:
+        """Keep the scores and logits of the first `count` of a step's emitted `tokens` (k,) (`logits` (count, V): the
+        target's at the positions that chose them; None when none are kept) and call the host's stopping criteria
+        after each; returns how many are emitted when a criterion stops the sequence (the outputs are kept up to
+        there), else None."""
+        before = self.sequence[0]
+        scores: list[torch.Tensor] = []
+        raw: list[torch.Tensor] = []
+        if logits is not None:
+            processing = self.settings.sampler.processing
+            for j in range(count):
+                row = logits[j : j + 1].to(dtype=torch.float32, copy=True)
+                raw.append(row)
+                if self.scores is not None:
+                    ids = torch.cat([before, tokens[:j]])[None]
+                    scores.append(processing.full_scores(row.clone(), ids))
+        kept = None if self.scores is None else self.scores + scores
+
+        def scores_up_to(j: int) -> tuple[torch.Tensor, ...] | None:
+            return None if kept is None else tuple(kept[: len(self.scores) + j])
+
+        stop = self.settings.stopping.first_stop(before, tokens, count, scores_up_to)
+        end = count if stop is None else stop
+        if self.scores is not None:
+            self.scores += scores[:end]
+        if self.logits is not None:
+            self.logits += raw[:end]
+        return stop
+
+    def emit(self, tokens: torch.Tensor, logits: torch.Tensor | None = None) -> None:
+        """Append the sequence's first token `tokens` (1,) chosen from `logits` (V,) (the prefill's), stopping after
+        an EOS, at `max_new_tokens` or where a stopping criterion says."""
         self._write_host()
         room = self.room
+        if self.settings.judged_on_host:
+            records = self.settings.records and logits is not None
+            if self.judge(tokens, tokens.shape[0], logits[None] if records else None) is not None:
+                self.finished = True
+        strings = self.settings.stopping.strings
+        if strings is not None:
+            sequence = torch.cat([self.buffer[0, : self.length], tokens])[None]
+            self.finished |= bool(strings(sequence, None).any())
         is_eos = torch.isin(tokens, self.settings.eos_token_ids)
         if bool(is_eos.any()):
             tokens = tokens[: int(is_eos.int().argmax()) + 1]

@@ -1,0 +1,129 @@
+"""What ends a sequence besides EOS and its token budget, decided as `generate` decides it: after each emitted token,
+in order, so a step that accepts several tokens emits exactly the prefix up to the token where `generate` stops.
+
+Stop strings are a pure function of a sequence's last tokens: every row's are checked on the device over all of a
+step's emitted tokens at once (transformers' `StopStringCriteria` over the window that ends at each of them), cut
+beside EOS and read with the step. A time limit is the host's clock. Any other criterion is Python the engine cannot
+see into: it is called once per emitted token on the sequence up to that token, and its answer read each time (a
+pipeline drain per token, paid only by rows that have one).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from transformers import StoppingCriteriaList
+from transformers.generation.stopping_criteria import MaxTimeCriteria, StopStringCriteria
+
+from .counting import arange, host_values
+
+#: An id past every vocabulary: `StopStringCriteria` clips it to its dummy token, which matches no stop string, so
+#: it pads the windows of sequences shorter than a stop string can span.
+OUT_OF_VOCABULARY = 2**62
+
+#: What the criteria receive as `scores` once j tokens are emitted: `generate`'s processed scores so far, or None.
+ScoresUpTo = Callable[[int], "tuple[torch.Tensor, ...] | None"]
+
+
+@dataclass
+class Stopping:
+    """A sequence's stopping criteria besides EOS and the budget: `strings` (checked on the device), `deadline` (a
+    `MaxTimeCriteria`, checked on the host's clock) and `criteria` (any others, called once per emitted token)."""
+
+    strings: StopStringCriteria | None = None
+    deadline: MaxTimeCriteria | None = None
+    criteria: StoppingCriteriaList = field(default_factory=StoppingCriteriaList)
+
+    @property
+    def on_host(self) -> bool:
+        """Whether a step's emitted tokens must be judged on the host too (a time limit or Python criteria)."""
+        return self.deadline is not None or len(self.criteria) > 0
+
+    def first_stop(self, before: torch.Tensor, tokens: torch.Tensor, count: int, scores: ScoresUpTo) -> int | None:
+        """How many of `tokens` (k,) (after `before` (T,)) are emitted before the host's criteria stop the sequence,
+        checking the first `count`, in order; None when none stops it. `scores(j)` is what the criteria receive as
+        `scores` after j tokens (generate's processed scores so far, or None)."""
+        if self.deadline is not None and time.time() - self.deadline.initial_timestamp > self.deadline.max_time:
+            return 1
+        for j in range(1, count + 1 if self.criteria else 1):
+            sequence = torch.cat([before, tokens[:j]])[None]
+            if bool(self.criteria(sequence, scores(j)).any()):
+                return j
+        return None
+
+
+class StringCheck:
+    """Every row's stop strings over a step's emitted tokens: `tail` (B, W - 1) holds each row's last tokens before
+    the step (padded on the left where the row is shorter), `groups` each distinct criterion with the rows it serves
+    ((B,) bool on the device, None: all rows)."""
+
+    def __init__(self, tail: torch.Tensor, groups: list[tuple[StopStringCriteria, torch.Tensor | None]]):
+        self.tail = tail
+        self.groups = groups
+
+    def row(self, b: int) -> StringCheck:
+        """Row `b`'s check alone."""
+        return StringCheck(self.tail[b : b + 1], [(c, None if m is None else m[b : b + 1]) for c, m in self.groups])
+
+    def hits(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, k) whether each row's sequence ends in one of its stop strings right after each of its emitted
+        `tokens` (B, k)."""
+        rows, k = tokens.shape
+        width = self.tail.shape[1] + 1
+        windows = (
+            torch.cat([self.tail, tokens.to(self.tail.device)], dim=1).unfold(1, width, 1).reshape(rows * k, width)
+        )
+        found = None
+        for criterion, serves in self.groups:
+            hit = criterion(windows, None).view(rows, k)
+            if serves is not None:
+                hit = hit & serves[:, None]
+            found = hit if found is None else found | hit
+        return found.to(tokens.device)
+
+
+class StringWindows:
+    """Each row's last tokens before the step, as many as its stop strings can span, kept on the device across steps:
+    made from the rows' sinks when the rows change, then moved on by each step's emitted tokens in one gather."""
+
+    def __init__(self):
+        self.forget()
+
+    def forget(self) -> None:
+        self._sinks: list[object] = []
+        self._check: StringCheck | None = None
+
+    def check(self, sinks: Sequence, device: torch.device) -> StringCheck | None:
+        """The rows' `StringCheck` (None when no row has stop strings); `sinks` are the rows' `TokenSink`s."""
+        if len(self._sinks) == len(sinks) and all(a is b for a, b in zip(self._sinks, sinks, strict=True)):
+            return self._check
+        criteria = [sink.settings.stopping.strings for sink in sinks]
+        self._sinks = list(sinks)
+        if all(c is None for c in criteria):
+            self._check = None
+            return None
+        span = max(c.maximum_token_len for c in criteria if c is not None) - 1
+        tails = []
+        for sink in sinks:
+            own = sink.sequence[0, max(0, sink.length - span) :].to(device)
+            tails.append(torch.nn.functional.pad(own, (span - own.shape[0], 0), value=OUT_OF_VOCABULARY))
+        distinct = list({id(c): c for c in criteria if c is not None}.values())
+        groups = []
+        for criterion in distinct:
+            serves = [c is criterion for c in criteria]
+            groups.append((criterion, None if all(serves) else host_values(serves, device, torch.bool)))
+        self._check = StringCheck(torch.stack(tails), groups)
+        return self._check
+
+    def advance(self, tokens: torch.Tensor, counts: list[int]) -> None:
+        """Move every row's window past the first `counts[b]` of its emitted `tokens` (B, k)."""
+        check = self._check
+        if check is None:
+            return
+        span = check.tail.shape[1]
+        joined = torch.cat([check.tail, tokens.to(check.tail.device)], dim=1)
+        starts = host_values(counts, joined.device)[:, None]
+        check.tail = joined.gather(1, starts + arange(span, joined.device)[None])
