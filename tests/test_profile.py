@@ -110,3 +110,10 @@ def test_a_batched_step_of_one_tree_shape_costs_the_same_launches_at_every_batch
     assert two.steps == eight.steps
     assert eight.per("step")["own launches"] <= two.per("step")["own launches"] + 6 / two.steps
     assert eight.per("step")["own reads"] == pytest.approx(1.0)
+
+
+def test_stop_strings_are_read_with_the_steps_one_read(qwen):
+    target = tiny_qwen2_5_vl(0)
+    spec = SpeculativeVLM(target, noisy_copy(target, 0.05), processor=qwen.processor)
+    profile = profile_policy(spec, "static-tree", qwen.cases["image"], 24, "greedy + stop strings")
+    assert profile.per("step")["own reads"] == pytest.approx(1.0)

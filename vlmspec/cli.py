@@ -243,7 +243,7 @@ def _profile(args: argparse.Namespace) -> None:
 
     from .api import load_pair
     from .eval.bench import suite_inputs
-    from .eval.profile import CONFIGS, POLICIES, markdown_table, run_profile
+    from .eval.profile import ARGUMENT_CONFIGS, CONFIGS, POLICIES, markdown_table, run_profile
 
     device_map = None if args.device is None else device_map_for(args.device)
     # Launches and reads are counted in eager forwards: a compiled graph hides its kernels from the count.
@@ -254,9 +254,14 @@ def _profile(args: argparse.Namespace) -> None:
     unknown = set(policies) - set(POLICIES)
     if unknown:
         _fail(f"vlmspec profile: unknown policies {sorted(unknown)}; choose from {', '.join(POLICIES)}", 2)
+    configs = tuple(CONFIGS) if args.configs is None else tuple(args.configs.split(","))
+    unknown = set(configs) - set(CONFIGS) - set(ARGUMENT_CONFIGS)
+    if unknown:
+        choices = ", ".join([*CONFIGS, *ARGUMENT_CONFIGS])
+        _fail(f"vlmspec profile: unknown configs {sorted(unknown)}; choose from {choices}", 2)
     inputs = suite_inputs(spec.processor, args.suite, 1)[0]
     sizes = args.batch_size
-    profiles = [p for b in sizes for p in run_profile(spec, inputs, args.max_new_tokens, policies, tuple(CONFIGS), b)]
+    profiles = [p for b in sizes for p in run_profile(spec, inputs, args.max_new_tokens, policies, configs, b)]
     batch = f", B copies of the prompt at once (B = {', '.join(map(str, sizes))})" if sizes != [1] else ""
     title = f"vlmspec profile, {args.suite} suite{batch}, {args.max_new_tokens} new tokens, on {spec.target.device}"
     table = markdown_table(profiles)
@@ -476,6 +481,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     profile.add_argument("--suite", choices=["image", "video", "long-video"], default="image")
     profile.add_argument("--policies", default="chain,static-tree,sage,sage-gt", help="comma-separated")
+    profile.add_argument(
+        "--configs",
+        help="comma-separated generation settings: 'greedy', 'qwen2.5-vl released' (the default pair of them), "
+        "'greedy + stop strings', 'greedy + custom processor'",
+    )
     profile.add_argument("--max-new-tokens", type=_number(int, 3), default=64)
     profile.add_argument("--model", help="target (default: the demo pair)")
     profile.add_argument("--draft", help="draft (default: the demo pair)")

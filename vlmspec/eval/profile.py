@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
+from transformers import LogitsProcessor, LogitsProcessorList
 
 from ..policies import SageConfig, SageGtConfig
 from ..speculative import SpeculativeVLM
@@ -38,6 +39,31 @@ _ON_ACCELERATORS = {
 #: Qwen2.5-VL-Instruct's released sampling settings (its generation_config.json).
 QWEN2_5_VL_RELEASED = dict(do_sample=True, top_k=1, top_p=0.001, temperature=0.1, repetition_penalty=1.05)
 CONFIGS = {"greedy": dict(do_sample=False), "qwen2.5-vl released": QWEN2_5_VL_RELEASED}
+
+
+class NoImmediateRepeat(LogitsProcessor):
+    """A caller's own logits processor, as `generate`'s `logits_processor` takes one: no token right after itself
+    (a pure function of each row's last token, one kernel)."""
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        return scores.scatter(1, input_ids[:, -1:], -torch.inf)
+
+
+#: Configs that also pass `generate` arguments beyond the generation config (`--configs`), to measure what they
+#: cost: stop strings (checked on the device) and a custom processor (run at every tree node).
+ARGUMENT_CONFIGS = {
+    "greedy + stop strings": dict(do_sample=False, stop_strings=["###", "</answer>"]),
+    "greedy + custom processor": dict(do_sample=False, logits_processor=LogitsProcessorList([NoImmediateRepeat()])),
+}
+
+
+def config_settings(config: str, tokenizer: Any) -> dict[str, Any]:
+    """The `generate` arguments of `config` (stop strings with the `tokenizer` they need)."""
+    settings = dict(CONFIGS.get(config) or ARGUMENT_CONFIGS[config])
+    if "stop_strings" in settings:
+        settings["tokenizer"] = tokenizer
+    return settings
+
 
 _READ_CALLS = {"__bool__", "__int__", "__float__", "__index__", "item", "tolist", "cpu", "numpy"}
 _READ_FUNCTIONS = {"nonzero", "masked_select", "unique", "argwhere", "unique_consecutive"}
@@ -174,10 +200,12 @@ def _difference(counter: LaunchCounter, run, new_tokens: int) -> tuple[Counter, 
     return counter.launches - launches, counter.reads - reads, (long[0] - short[0], long[1] - short[1])
 
 
-def profile_generate(target: torch.nn.Module, inputs: dict, new_tokens: int, config: str) -> Profile:
+def profile_generate(
+    target: torch.nn.Module, inputs: dict, new_tokens: int, config: str, tokenizer: Any = None
+) -> Profile:
     """Plain `generate`'s counts per step (a step emits a token in every row of `inputs`, one prompt or a batch)."""
     counter = LaunchCounter(target)
-    settings = dict(CONFIGS[config])
+    settings = config_settings(config, tokenizer)
     prompt, batch_size = inputs["input_ids"].shape[1], inputs["input_ids"].shape[0]
 
     def run(n: int) -> tuple[int, int]:
@@ -197,7 +225,7 @@ def profile_policy(
     """Counts of `spec` with `policy` per decoding step and per emitted token."""
     runner = spec.with_options(_ON_ACCELERATORS.get(policy, policy), pruning=None)
     counter = LaunchCounter(spec.target, spec.draft)
-    settings = dict(CONFIGS[config])
+    settings = config_settings(config, None if spec.processor is None else spec.processor.tokenizer)
 
     def run(n: int) -> tuple[int, int]:
         if batch_size == 1:
@@ -240,7 +268,8 @@ def run_profile(
         batch = spec._target_runner.adapter.join_rows([inputs] * batch_size, pad)
     for config in configs:
         torch.manual_seed(0)
-        profiles.append(profile_generate(spec.target, batch, new_tokens, config))
+        tokenizer = None if spec.processor is None else spec.processor.tokenizer
+        profiles.append(profile_generate(spec.target, batch, new_tokens, config, tokenizer))
         for policy in policies:
             torch.manual_seed(0)
             profiles.append(profile_policy(spec, policy, inputs, new_tokens, config, batch_size))
