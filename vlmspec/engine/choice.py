@@ -9,7 +9,7 @@ what the processed target would choose.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from transformers import LogitsProcessorList
@@ -79,26 +79,53 @@ class NodeProcessing:
         """Float32 scores (m, V) of `logits` (m, V) after the sequence processors.
 
         Row i belongs to a tree node whose ancestor row over the tree's `tokens` (root first) is `ancestors[i]`;
-        `sequence` (1, T) ends with the root. Without a tree, every row follows `sequence` itself. Processors that
-        read more than a set of ids run once per depth present, on that depth's nodes' sequences stacked (they are
-        of one length, and `generate` calls processors on many rows at once too), after one read of the depths.
+        `sequence` (1, T) ends with the root. Without a tree, every row follows `sequence` itself.
         """
         if not self.sequence_processors or self.batches_rows or tokens is None or tokens.shape[0] == 1:
             rows_tokens = None if tokens is None or tokens.shape[0] == 1 else tokens[None]
             return self.process_rows(logits[None], sequence, rows_tokens, ancestors)[0]
-        scores = logits.to(dtype=torch.float32, copy=True)
-        below_root = tokens[1:]
-        path_rows = ancestors[:, 1 : tokens.shape[0]]
-        # Each node's ancestors below the root, in tree order (stable: ties keep their order), first.
-        order = path_rows.to(torch.uint8).sort(dim=1, descending=True, stable=True).indices
-        depths = path_rows.sum(1).tolist()
-        for depth in sorted(set(depths)):
-            rows = [i for i, d in enumerate(depths) if d == depth]
-            index = host_values(rows, scores.device) if len(rows) < len(depths) else slice(None)
-            path = below_root[order[index, :depth]]
-            ids = torch.cat([sequence.expand(path.shape[0], -1), path], dim=1)
-            scores[index] = self.sequence_processors(ids, scores[index])
-        return scores
+        return self.process_nodes(logits[None], [sequence], tokens[None], ancestors)[0]
+
+    def process_nodes(
+        self,
+        logits: torch.Tensor,
+        sequences: Sequence[torch.Tensor],
+        tokens: torch.Tensor | None = None,
+        ancestors: torch.Tensor | None = None,
+        depth: int | None = None,
+    ) -> torch.Tensor:
+        """`process` of B sequences' trees, each sequence of its own length, for processors that read more than a
+        set of ids: `logits` (B, m, V), `sequences` B tensors (1, T_b), `tokens` (B, N) over `ancestors` (m, N) or
+        (B, m, N) (None: the roots alone). The nodes whose sequences (T_b plus the node's depth) are equally long, in
+        every tree, go through one call of the processors, stacked (`generate` calls processors on many rows at
+        once too), after one read of the nodes' depths, or none when `depth` says every node is that deep (a draft
+        level's)."""
+        rows, m, width = logits.shape
+        scores = logits.to(dtype=torch.float32, copy=True).reshape(rows * m, width)
+        if tokens is None or tokens.shape[1] == 1:
+            depths = [[0] * m for _ in range(rows)]
+        else:
+            path_rows = ancestors[..., 1 : tokens.shape[1]].expand(rows, m, -1)
+            # Each node's ancestors below the root in tree order first (stable: ties keep their order).
+            order = path_rows.to(torch.uint8).sort(dim=2, descending=True, stable=True).indices
+            depths = [[depth] * m for _ in range(rows)] if depth is not None else path_rows.sum(2).tolist()
+        groups: dict[int, dict[int, list[int]]] = {}
+        for b, row_depths in enumerate(depths):
+            for i, depth in enumerate(row_depths):
+                groups.setdefault(sequences[b].shape[1] + depth, {}).setdefault(b, []).append(i)
+        for length, members in sorted(groups.items()):
+            parts, flat = [], []
+            for b, nodes in members.items():
+                ids = sequences[b].expand(len(nodes), -1)
+                depth = length - sequences[b].shape[1]
+                if depth:
+                    chosen = host_values(nodes, tokens.device) if len(nodes) < m else slice(None)
+                    ids = torch.cat([ids, tokens[b, 1:][order[b, chosen, :depth]]], dim=1)
+                parts.append(ids)
+                flat += [b * m + i for i in nodes]
+            index = slice(None) if len(flat) == rows * m else host_values(flat, scores.device)
+            scores[index] = self.sequence_processors(torch.cat(parts) if len(parts) > 1 else parts[0], scores[index])
+        return scores.view(rows, m, width)
 
     def full_scores(self, logits: torch.Tensor, sequence: torch.Tensor) -> torch.Tensor:
         """`generate`'s scores (1, V) of the token after `sequence` (1, T): every processor, warpers included, in order
@@ -122,20 +149,26 @@ class NodeProcessing:
     def process_rows(
         self,
         logits: torch.Tensor,
-        sequences: torch.Tensor,
+        sequences: torch.Tensor | Sequence[torch.Tensor],
         tokens: torch.Tensor | None = None,
         ancestors: torch.Tensor | None = None,
+        depth: int | None = None,
     ) -> torch.Tensor:
         """`process` of B sequences' trees at once: `logits` (B, m, V), `sequences` (B, T) (each ending with its
-        root, padded to T with its own last token), `tokens` (B, N) each sequence's tree over the one structure
-        `ancestors` (m, N) of the m nodes, or each its own (B, m, N); None for the roots alone. Needs
-        `batches_rows` where sequences' lengths differ or the nodes have a tree below them."""
+        root, padded to T with its own last token) or B tensors (1, T_b) of their own lengths, `tokens` (B, N) each
+        sequence's tree over the one structure `ancestors` (m, N) of the m nodes, or each its own (B, m, N); None
+        for the roots alone; `depth`, when every node is that deep. A padded `(B, T)` needs `batches_rows` where
+        sequences' lengths differ or the nodes have a tree below them."""
         if not self.sequence_processors:
             return logits.float()
+        if not isinstance(sequences, torch.Tensor):
+            if len(sequences) > 1:
+                return self.process_nodes(logits, sequences, tokens, ancestors, depth)
+            sequences = sequences[0]
         if tokens is not None and tokens.shape[1] > 1 and not self.batches_rows:
             if logits.shape[0] != 1:
                 raise ValueError("processors that read more of a sequence than its ids take one sequence at a time")
-            return self.process(logits[0], sequences, tokens[0], ancestors)[None]
+            return self.process_nodes(logits, [sequences], tokens, ancestors, depth)
         rows, m, width = logits.shape
         scores = logits.to(dtype=torch.float32, copy=True).reshape(rows * m, width)
         ids = sequences[:, None, :].expand(rows, m, -1)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -45,12 +45,13 @@ def proposal_log_probs(
     sequence: torch.Tensor,
     tokens: torch.Tensor | None = None,
     ancestors: torch.Tensor | None = None,
+    depth: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`proposal_log_probs_rows` of one sequence's nodes: draft `logits` (m, V) or the root's (V,), `sequence` (1, T),
     the tree's `tokens` (N,)."""
     rows_tokens = None if tokens is None else tokens[None]
     flat = logits.reshape(1, -1, logits.shape[-1])
-    log_probs, order = proposal_log_probs_rows(flat, processing, vocab_limit, sequence, rows_tokens, ancestors)
+    log_probs, order = proposal_log_probs_rows(flat, processing, vocab_limit, sequence, rows_tokens, ancestors, depth)
     return log_probs.reshape(*logits.shape[:-1], -1), order.reshape(*logits.shape[:-1], -1)
 
 
@@ -58,15 +59,17 @@ def proposal_log_probs_rows(
     logits: torch.Tensor,
     processing: NodeProcessing | None,
     vocab_limit: int,
-    sequences: torch.Tensor,
+    sequences: torch.Tensor | Sequence[torch.Tensor],
     tokens: torch.Tensor | None = None,
     ancestors: torch.Tensor | None = None,
+    depth: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probabilities (B, m, V') of the real tokens (below `vocab_limit`) under the generation config's processing,
-    and their ranking key, for draft `logits` (B, m, V) of B sequences (`sequences` (B, T), see
-    `NodeProcessing.process_rows`).
+    and their ranking key, for draft `logits` (B, m, V) of B sequences (`sequences` (B, T), or B tensors (1, T_b) of
+    their own lengths, see `NodeProcessing.process_rows`).
 
-    `ancestors` (m, N) are the nodes' ancestor rows over the trees' `tokens` (B, N) (None: the roots). Tokens the
+    `ancestors` (m, N) are the nodes' ancestor rows over the trees' `tokens` (B, N) (None: the roots), `depth`
+    theirs when all are equally deep (a level's nodes; None: not known). Tokens the
     warpers cut (top-k, top-p, ...) get -inf but keep their processed order behind the survivors, so a plan that asks
     for more children than survive still gets the draft's next best guesses.
     """
@@ -75,18 +78,19 @@ def proposal_log_probs_rows(
     if processing is None:
         log_probs = torch.log_softmax(logits.float(), dim=-1)
         return log_probs, log_probs
-    if logits.device != sequences.device:
+    here = sequences.device if isinstance(sequences, torch.Tensor) else sequences[0].device
+    if logits.device != here:
         # A draft on another device than the target: the config's processors were built on the target's device,
         # where the sequences are kept, so the draft's logits are processed there.
-        here = sequences.device
         moved = [None if t is None else t.to(here) for t in (tokens, ancestors)]
-        log_probs, order = proposal_log_probs_rows(logits.to(here), processing, vocab_limit, sequences, *moved)
+        log_probs, order = proposal_log_probs_rows(logits.to(here), processing, vocab_limit, sequences, *moved, depth)
         return log_probs.to(logits.device), order.to(logits.device)
-    scores = processing.process_rows(logits, sequences, tokens, ancestors)
+    scores = processing.process_rows(logits, sequences, tokens, ancestors, depth)
     ranked = torch.log_softmax(scores, dim=-1)
     if not processing.warpers:
         return ranked, ranked
-    log_probs = processing.log_probs(scores.flatten(0, 1), sequences[:1]).view_as(scores)
+    first = sequences[:1] if isinstance(sequences, torch.Tensor) else sequences[0]
+    log_probs = processing.log_probs(scores.flatten(0, 1), first).view_as(scores)
     cut = ranked.clamp_min(-_RANK_FLOOR) - 2 * _RANK_FLOOR
     return log_probs, torch.where(log_probs > -torch.inf, log_probs.clamp_min(-_RANK_FLOOR), cut)
 
@@ -119,10 +123,12 @@ class Drafter:
         processing: NodeProcessing | None,
         sequence: torch.Tensor,
         rows: torch.Tensor | None = None,
+        depth: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`proposal_log_probs` of the nodes whose ancestor rows are `rows` (None: the root) in the tree growing."""
+        """`proposal_log_probs` of the nodes whose ancestor rows are `rows` (None: the root) in the tree growing,
+        all `depth` deep."""
         tokens = None if rows is None else self.builder.tokens[: self.builder.size]
-        return proposal_log_probs(logits, processing, self.vocab_limit, sequence, tokens, rows)
+        return proposal_log_probs(logits, processing, self.vocab_limit, sequence, tokens, rows, depth)
 
     def steps(
         self,
@@ -194,7 +200,11 @@ class Drafter:
             logits = yield RowForward(builder.tokens[new], builder.depths[new], visible, root_index)
             forwards, fed_tokens = forwards + 1, fed_tokens + new.stop - new.start
             child_log_probs, child_order = self._log_probs(
-                logits, processing, sequence, None if processing is None else builder.ancestors[new, : builder.size]
+                logits,
+                processing,
+                sequence,
+                None if processing is None else builder.ancestors[new, : builder.size],
+                level,
             )
             cached_depth = level
         real = (yield SlotsRead(builder.valid[: builder.size])) if builder.masked else None

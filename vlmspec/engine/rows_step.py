@@ -112,6 +112,15 @@ def common_processing(processings: Sequence[NodeProcessing | None]) -> NodeProce
     return None
 
 
+def same_processing(processings: Sequence[NodeProcessing | None]) -> NodeProcessing | None:
+    """The processing every row's equals (one call may then serve nodes of many rows whose sequences are equally
+    long, `NodeProcessing.process_nodes`); None when rows differ."""
+    first = processings[0]
+    if first is None or not all(p is first or (p is not None and p.key == first.key) for p in processings):
+        return None
+    return first
+
+
 def draft_rows(
     draft: RowRunner,
     shape: TreeShape,
@@ -168,7 +177,7 @@ def draft_rows(
         forwards, fed_tokens = forwards + 1, fed_tokens + rows * (new.stop - new.start)
         ancestors = shape.ancestors[new, : new.stop]
         child_log_probs, child_order = _log_probs(
-            logits, plain, processings, sequences, vocab_limit, tokens[:, : new.stop], ancestors
+            logits, plain, processings, sequences, vocab_limit, tokens[:, : new.stop], ancestors, level
         )
         cached_depth = level
     row_depths = [min(depth, d) for d in max_depths]
@@ -324,7 +333,7 @@ def draft_adaptive_rows(
         logits = draft.forward_rows(tokens[:, new], depths, root_position, visible)
         forwards, fed_tokens = forwards + 1, fed_tokens + rows * count
         child_log_probs, child_order = _log_probs(
-            logits, plain, processings, sequences, vocab_limit, tokens[:, :size], ancestors[:, new, :size]
+            logits, plain, processings, sequences, vocab_limit, tokens[:, :size], ancestors[:, new, :size], level
         )
         frontier = new
         cached_depth = level
@@ -446,13 +455,17 @@ def _log_probs(
     vocab_limit: int,
     tokens: torch.Tensor | None = None,
     ancestors: torch.Tensor | None = None,
+    depth: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every row's proposal log-probabilities and ranking key (B, m, V) from the draft's `logits` (B, m, V): at once
-    when no row processes its logits or all share one processing (`sequences` a tensor), else row by row."""
+    """Every row's proposal log-probabilities and ranking key (B, m, V) from the draft's `logits` (B, m, V) of nodes
+    `depth` deep: at once when no row processes its logits or all share one processing, else row by row."""
     if plain:
         return proposal_log_probs_rows(logits, None, vocab_limit, sequences)
     if isinstance(sequences, torch.Tensor):
-        return proposal_log_probs_rows(logits, processings[0], vocab_limit, sequences, tokens, ancestors)
+        return proposal_log_probs_rows(logits, processings[0], vocab_limit, sequences, tokens, ancestors, depth)
+    shared = same_processing(processings)
+    if shared is not None:
+        return proposal_log_probs_rows(logits, shared, vocab_limit, sequences, tokens, ancestors, depth)
     own = ancestors is not None and ancestors.ndim == 3
     parts = [
         proposal_log_probs(
@@ -462,6 +475,7 @@ def _log_probs(
             sequences[b],
             None if tokens is None else tokens[b],
             ancestors[b] if own else ancestors,
+            depth,
         )
         for b, processing in enumerate(processings)
     ]
@@ -504,6 +518,8 @@ def accept_all(
         scores = logits.float()
     elif isinstance(sequences, torch.Tensor):
         scores = processings[0].process_rows(logits, sequences, trees.tokens, trees.ancestors)
+    elif same_processing(processings) is not None:
+        scores = processings[0].process_rows(logits, sequences, trees.tokens, trees.row_ancestors())
     else:
         ancestors = trees.row_ancestors()
         scores = _stacked(
