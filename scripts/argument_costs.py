@@ -16,25 +16,18 @@ import statistics
 import time
 
 import torch
-from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+from transformers import LogitsProcessorList, StoppingCriteriaList
 
 from vlmspec.api import load_pair
 from vlmspec.eval.bench import suite_inputs
-from vlmspec.eval.profile import NoImmediateRepeat
-
-
-class NeverStops(StoppingCriteria):
-    """A criterion written in Python, as applications write them: whether the last token is an id no model emits."""
-
-    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
-        return input_ids[:, -1] == -1
+from vlmspec.eval.profile import EndsWithToken, NoImmediateRepeat
 
 
 def argument_sets(tokenizer) -> dict[str, dict]:
     return {
         "none": {},
         "stop_strings": dict(stop_strings=["###", "</answer>"], tokenizer=tokenizer),
-        "stopping_criteria (Python)": dict(stopping_criteria=StoppingCriteriaList([NeverStops()])),
+        "stopping_criteria (Python)": dict(stopping_criteria=StoppingCriteriaList([EndsWithToken()])),
         "logits_processor (custom)": dict(logits_processor=LogitsProcessorList([NoImmediateRepeat()])),
         "output_scores + output_logits": dict(return_dict_in_generate=True, output_scores=True, output_logits=True),
     }
@@ -55,7 +48,9 @@ def main() -> None:
     prompts = suite_inputs(spec.processor, "image", args.n)
     pad = spec.processor.tokenizer.pad_token_id
     adapter = spec._target_runner.adapter
-    print(f"demo pair, image suite, {args.n} prompts, {args.max_new_tokens} new tokens, greedy, on {spec.target.device}")
+    print(
+        f"demo pair, image suite, {args.n} prompts, {args.max_new_tokens} new tokens, greedy, on {spec.target.device}"
+    )
     print("| arguments | B | generate s | vlmspec s | speed-up | exact |")
     print("| --- | --- | --- | --- | --- | --- |")
     for name, extra in argument_sets(spec.processor.tokenizer).items():

@@ -484,7 +484,7 @@ def build_parser() -> argparse.ArgumentParser:
     profile.add_argument(
         "--configs",
         help="comma-separated generation settings: 'greedy', 'qwen2.5-vl released' (the default pair of them), "
-        "'greedy + stop strings', 'greedy + custom processor'",
+        "'greedy + stop strings', 'greedy + Python criterion', 'greedy + custom processor'",
     )
     profile.add_argument("--max-new-tokens", type=_number(int, 3), default=64)
     profile.add_argument("--model", help="target (default: the demo pair)")

@@ -580,16 +580,23 @@ class BatchDecoder:
 
     def _judge_on_host(self, rows: list[_Row], accepted: RowsVerdict, logits: torch.Tensor) -> None:
         """Keep the scores and logits of what each row emits, from the verification's `logits` (B, N, V) at its
-        accepted path, and cut each row whose host-side stopping criteria stop it (`TokenSink.judge`): nothing runs
-        for rows that ask for neither."""
+        accepted path, and cut each row whose host-side stopping criteria stop it (`TokenSink.judge`), all rows'
+        criteria read at once: nothing runs for rows that ask for neither."""
+        judged = {}
         for b, row in enumerate(rows):
-            if not row.settings.judged_on_host:
-                continue
-            report = accepted.reports[b]
-            chosen = logits[b, report.path[: report.count]] if row.settings.records else None
-            stop = row.sink.judge(accepted.tokens[b], report.count, chosen)
+            if row.settings.judged_on_host:
+                report = accepted.reports[b]
+                chosen = logits[b, report.path[: report.count]] if row.settings.records else None
+                judged[b] = row.sink.judge(accepted.tokens[b], report.count, chosen)
+        answers = [j.answers for j in judged.values() if j.answers is not None]
+        # Every row's criteria's answers in one read.
+        read = torch.cat(answers).tolist() if answers else []
+        for b, own in judged.items():
+            count = 0 if own.answers is None else own.answers.shape[0]
+            stop = rows[b].sink.settle(own, read[:count])
+            read = read[count:]
             if stop is not None:
-                accepted.reports[b] = replace(report, count=stop, finished=True)
+                accepted.reports[b] = replace(accepted.reports[b], count=stop, finished=True)
 
     def _pending_rows(self, rows: list[_Row], device: torch.device) -> tuple[torch.Tensor, list[int]]:
         """Every row's tokens the draft has not seen, left-aligned in one `(B, P)` tensor, and how many each has: the

@@ -10,7 +10,7 @@ import torch
 from .choice import NodeProcessing, TargetSampler
 from .counting import host_values
 from .report import StepReport
-from .stopping import Stopping
+from .stopping import Stopping, first_stop
 
 
 @dataclass
@@ -55,6 +55,18 @@ class DecodeSettings:
             return self
         processing = None if self.draft_processing is None else self.draft_processing.for_row(row)
         return replace(self, sampler=sampler, draft_processing=processing)
+
+
+@dataclass
+class Judged:
+    """A step's emitted tokens as the host judged them before reading: `stop` when the time limit ends the sequence
+    after its first token, the Python criteria's `answers` (count,) on the device, and the `scores` and `logits`
+    (1, V) of each token."""
+
+    stop: int | None
+    answers: torch.Tensor | None
+    scores: list[torch.Tensor]
+    logits: list[torch.Tensor]
 
 
 class TokenSink:
@@ -113,11 +125,15 @@ class TokenSink:
         if self.streamer is not None and report.count:
             self.streamer.put(torch.tensor(report.tokens[: report.count]))
 
-    def judge(self, tokens: torch.Tensor, count: int, logits: torch.Tensor | None) -> int | None:
-        """Keep the scores and logits of the first `count` of a step's emitted `tokens` (k,) (`logits` (count, V): the
-        target's at the positions that chose them; None when none are kept) and call the host's stopping criteria
-        after each; returns how many are emitted when a criterion stops the sequence (the outputs are kept up to
-        there), else None."""
+    def judge(self, tokens: torch.Tensor, count: int, logits: torch.Tensor | None) -> Judged:
+        """The scores and logits of the first `count` of a step's emitted `tokens` (k,) (`logits` (count, V): the
+        target's at the positions that chose them; None when none are kept) and the host's stopping criteria's
+        answers after each, unread; `settle` keeps them once the answers are read."""
+        if self.settings.stopping.past_deadline():
+            count = min(count, 1)
+            deadline = True
+        else:
+            deadline = False
         before = self.sequence[0]
         scores: list[torch.Tensor] = []
         raw: list[torch.Tensor] = []
@@ -134,12 +150,18 @@ class TokenSink:
         def scores_up_to(j: int) -> tuple[torch.Tensor, ...] | None:
             return None if kept is None else tuple(kept[: len(self.scores) + j])
 
-        stop = self.settings.stopping.first_stop(before, tokens, count, scores_up_to)
-        end = count if stop is None else stop
+        answers = None if deadline else self.settings.stopping.answers(before, tokens, count, scores_up_to)
+        return Judged(1 if deadline else None, answers, scores, raw)
+
+    def settle(self, judged: Judged, answers: list[bool]) -> int | None:
+        """Keep what `judge` found up to where the sequence stops, given its criteria's `answers` as read; returns
+        how many tokens are emitted when it stops there, else None."""
+        stop = judged.stop if judged.stop is not None else first_stop(answers)
+        end = None if stop is None else stop
         if self.scores is not None:
-            self.scores += scores[:end]
+            self.scores += judged.scores[:end]
         if self.logits is not None:
-            self.logits += raw[:end]
+            self.logits += judged.logits[:end]
         return stop
 
     def emit(self, tokens: torch.Tensor, logits: torch.Tensor | None = None) -> None:
@@ -149,7 +171,9 @@ class TokenSink:
         room = self.room
         if self.settings.judged_on_host:
             records = self.settings.records and logits is not None
-            if self.judge(tokens, tokens.shape[0], logits[None] if records else None) is not None:
+            judged = self.judge(tokens, tokens.shape[0], logits[None] if records else None)
+            answers = [] if judged.answers is None else judged.answers.tolist()
+            if self.settle(judged, answers) is not None:
                 self.finished = True
         strings = self.settings.stopping.strings
         if strings is not None:

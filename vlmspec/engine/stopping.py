@@ -4,8 +4,8 @@ in order, so a step that accepts several tokens emits exactly the prefix up to t
 Stop strings are a pure function of a sequence's last tokens: every row's are checked on the device over all of a
 step's emitted tokens at once (transformers' `StopStringCriteria` over the window that ends at each of them), cut
 beside EOS and read with the step. A time limit is the host's clock. Any other criterion is Python the engine cannot
-see into: it is called once per emitted token on the sequence up to that token, and its answer read each time (a
-pipeline drain per token, paid only by rows that have one).
+see into: it is called once per emitted token on the sequence up to that token (launches per token, paid only by
+rows that have one), and every row's answers are read together, one read a step.
 """
 
 from __future__ import annotations
@@ -42,17 +42,28 @@ class Stopping:
         """Whether a step's emitted tokens must be judged on the host too (a time limit or Python criteria)."""
         return self.deadline is not None or len(self.criteria) > 0
 
-    def first_stop(self, before: torch.Tensor, tokens: torch.Tensor, count: int, scores: ScoresUpTo) -> int | None:
-        """How many of `tokens` (k,) (after `before` (T,)) are emitted before the host's criteria stop the sequence,
-        checking the first `count`, in order; None when none stops it. `scores(j)` is what the criteria receive as
-        `scores` after j tokens (generate's processed scores so far, or None)."""
-        if self.deadline is not None and time.time() - self.deadline.initial_timestamp > self.deadline.max_time:
-            return 1
-        for j in range(1, count + 1 if self.criteria else 1):
-            sequence = torch.cat([before, tokens[:j]])[None]
-            if bool(self.criteria(sequence, scores(j)).any()):
-                return j
-        return None
+    def past_deadline(self) -> bool:
+        """Whether the time limit has passed (then `generate` stops after the next token)."""
+        return self.deadline is not None and time.time() - self.deadline.initial_timestamp > self.deadline.max_time
+
+    def answers(
+        self, before: torch.Tensor, tokens: torch.Tensor, count: int, scores: ScoresUpTo
+    ) -> torch.Tensor | None:
+        """Whether the Python criteria stop the sequence right after each of the first `count` of `tokens` (k,)
+        (after `before` (T,)): (count,) bool on the device, unread (None without criteria). They are called in
+        order, once per token, on the sequence up to it; `scores(j)` is what they receive as `scores` after j tokens
+        (generate's processed scores so far, or None). Calls after the first that stops cannot change its answer
+        (each answer is computed when its call returns), so every row's answers are read at once, not one by one."""
+        if not self.criteria or count == 0:
+            return None
+        said = [self.criteria(torch.cat([before, tokens[:j]])[None], scores(j)).any() for j in range(1, count + 1)]
+        return torch.stack(said)
+
+
+def first_stop(answers: list[bool]) -> int | None:
+    """How many tokens are emitted when the criteria's `answers` (after each token, as read) stop the sequence: up
+    to the first True; None when none does."""
+    return answers.index(True) + 1 if True in answers else None
 
 
 class StringCheck:

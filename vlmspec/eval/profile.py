@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from transformers import LogitsProcessor, LogitsProcessorList
+from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 from ..policies import SageConfig, SageGtConfig
 from ..speculative import SpeculativeVLM
@@ -49,10 +49,23 @@ class NoImmediateRepeat(LogitsProcessor):
         return scores.scatter(1, input_ids[:, -1:], -torch.inf)
 
 
+class EndsWithToken(StoppingCriteria):
+    """A caller's own stopping criterion, as `generate`'s `stopping_criteria` takes one, written in Python: whether
+    each row's last token is `token` (-1, the default, never is)."""
+
+    def __init__(self, token: int = -1):
+        self.token = token
+
+    def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
+        return input_ids[:, -1] == self.token
+
+
 #: Configs that also pass `generate` arguments beyond the generation config (`--configs`), to measure what they
-#: cost: stop strings (checked on the device) and a custom processor (run at every tree node).
+#: cost: stop strings (checked on the device), a Python stopping criterion (called once per emitted token) and a
+#: custom processor (run at every tree node).
 ARGUMENT_CONFIGS = {
     "greedy + stop strings": dict(do_sample=False, stop_strings=["###", "</answer>"]),
+    "greedy + Python criterion": dict(do_sample=False, stopping_criteria=StoppingCriteriaList([EndsWithToken()])),
     "greedy + custom processor": dict(do_sample=False, logits_processor=LogitsProcessorList([NoImmediateRepeat()])),
 }
 
