@@ -13,6 +13,7 @@ import torch
 from conftest import FAMILIES
 from test_batch import padded_batch
 from transformers import LogitsProcessor, LogitsProcessorList
+from transformers.generation.logits_process import TypicalLogitsWarper
 
 from vlmspec import SpeculativeVLM, UnsupportedGenerationError
 from vlmspec.testing.distribution import continuations, eos_ids, exact_continuations, g_test
@@ -41,6 +42,17 @@ class CountingCalls(LogitsProcessor):
         return scores if self.calls < 3 else scores.index_fill(1, torch.tensor([0], device=scores.device), -torch.inf)
 
 
+class FixedMask(LogitsProcessor):
+    """Bans every odd id with a mask as wide as the target's vocabulary, as processors built from it do."""
+
+    def __init__(self, width: int):
+        self.mask = torch.zeros(width)
+        self.mask[1::2] = -torch.inf
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        return scores + self.mask.to(scores.device)
+
+
 def allowed_by_row(batch_id: int, input_ids: torch.Tensor) -> list[int]:
     """Row `batch_id` may follow a token only with ids of the same residue mod 3, shifted by the row's index."""
     residue = (int(input_ids[-1]) + batch_id) % 3
@@ -56,6 +68,23 @@ def test_a_custom_logits_processor_decodes_as_generate(policy, case):
     expected = FAMILY.target.generate(**FAMILY.cases[case], **kwargs)
     spec = SpeculativeVLM(FAMILY.target, FAMILY.drafts["noisy"], policy)
     assert torch.equal(spec.generate(**FAMILY.cases[case], **kwargs), expected)
+
+
+def test_a_warper_passed_as_a_processor_decides_greedy_tokens_as_in_generate():
+    custom = LogitsProcessorList([TypicalLogitsWarper(0.2)])
+    kwargs = dict(do_sample=False, max_new_tokens=NEW_TOKENS, logits_processor=custom)
+    expected = FAMILY.target.generate(**FAMILY.cases["image"], **kwargs)
+    assert not torch.equal(expected, FAMILY.reference("image", NEW_TOKENS))
+    spec = SpeculativeVLM(FAMILY.target, FAMILY.drafts["noisy"], "sage")
+    assert torch.equal(spec.generate(**FAMILY.cases["image"], **kwargs), expected)
+
+
+def test_a_processor_as_wide_as_the_targets_vocabulary_serves_a_draft_of_fewer_ids():
+    width = FAMILY.target.get_output_embeddings().weight.shape[0]
+    kwargs = dict(do_sample=False, max_new_tokens=NEW_TOKENS, logits_processor=LogitsProcessorList([FixedMask(width)]))
+    expected = FAMILY.target.generate(**FAMILY.cases["image"], **kwargs)
+    spec = SpeculativeVLM(FAMILY.target, FAMILY.drafts["noisy"], "sage", vocab_size=width - 20)
+    assert torch.equal(spec.generate(**FAMILY.cases["image"], **kwargs), expected)
 
 
 def test_the_draft_proposes_under_the_custom_processor_too():

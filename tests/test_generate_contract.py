@@ -19,6 +19,7 @@ from transformers.generation.configuration_utils import ContinuousBatchingConfig
 from transformers.generation.utils import GenerationMixin
 
 from vlmspec import SpeculativeVLM, UnsupportedGenerationError
+from vlmspec.hf import contract
 from vlmspec.hf.contract import (
     APPLIED_ARGUMENTS,
     APPLIED_FIELDS,
@@ -207,12 +208,48 @@ def test_synced_gpus_is_refused_by_name():
         spec.generate(**FAMILY.cases["text"], max_new_tokens=4, synced_gpus=True)
 
 
-def test_a_config_field_vlmspec_does_not_know_is_refused_by_name():
+def test_a_config_field_vlmspec_has_not_sorted_is_refused_by_name(monkeypatch):
+    """As a field a new release adds would be: here one taken out of the tables."""
+    monkeypatch.setattr(contract, "APPLIED_FIELDS", APPLIED_FIELDS - {"top_h"})
     spec = SpeculativeVLM(FAMILY.target, FAMILY.drafts["noisy"], "chain")
-    config = GenerationConfig(max_new_tokens=4)
-    config.brand_new_mode = 3
-    with pytest.raises(UnsupportedGenerationError, match="brand_new_mode"):
-        spec.generate(**FAMILY.cases["text"], generation_config=config)
+    with pytest.raises(UnsupportedGenerationError, match="top_h"):
+        spec.generate(**FAMILY.cases["text"], max_new_tokens=4, do_sample=True, top_h=0.5)
+
+
+def test_a_models_own_extra_config_attribute_is_ignored_as_generate_ignores_it():
+    config = GenerationConfig(max_new_tokens=NEW_TOKENS, do_sample=False)
+    config.chat_format = "chatml"
+    spec = SpeculativeVLM(FAMILY.target, FAMILY.drafts["noisy"], "chain")
+    assert torch.equal(
+        spec.generate(**FAMILY.cases["text"], generation_config=config), FAMILY.reference("text", NEW_TOKENS)
+    )
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED_ARGUMENTS))
+def test_a_refused_argument_given_as_none_is_accepted(name):
+    spec = SpeculativeVLM(FAMILY.target, FAMILY.drafts["noisy"], "chain")
+    got = spec.generate(**FAMILY.cases["text"], max_new_tokens=NEW_TOKENS, do_sample=False, **{name: None})
+    assert torch.equal(got, FAMILY.reference("text", NEW_TOKENS))
+
+
+def test_an_argument_overrides_a_refused_value_of_the_config_it_is_given_with():
+    spec = SpeculativeVLM(FAMILY.target, FAMILY.drafts["noisy"], "chain")
+    config = GenerationConfig(num_beams=2, max_new_tokens=NEW_TOKENS, do_sample=False)
+    got = spec.generate(**FAMILY.cases["text"], generation_config=config, num_beams=1)
+    assert torch.equal(got, FAMILY.reference("text", NEW_TOKENS))
+
+
+def test_trust_remote_code_is_accepted_as_generate_accepts_it():
+    spec = SpeculativeVLM(FAMILY.target, FAMILY.drafts["noisy"], "chain")
+    got = spec.generate(**FAMILY.cases["text"], max_new_tokens=NEW_TOKENS, do_sample=False, trust_remote_code=True)
+    assert torch.equal(got, FAMILY.reference("text", NEW_TOKENS))
+
+
+def test_a_max_length_at_or_below_the_prompt_is_refused_as_generate_refuses_it():
+    prompt = FAMILY.cases["text"]["input_ids"].shape[1]
+    spec = SpeculativeVLM(FAMILY.target, FAMILY.drafts["noisy"], "chain")
+    with pytest.raises(ValueError, match="max_length"):
+        spec.generate(**FAMILY.cases["text"], max_length=prompt, max_new_tokens=None)
 
 
 def test_inputs_is_taken_as_input_ids_as_generate_takes_it():

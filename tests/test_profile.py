@@ -117,3 +117,14 @@ def test_stop_strings_are_read_with_the_steps_one_read(qwen):
     spec = SpeculativeVLM(target, noisy_copy(target, 0.05), processor=qwen.processor)
     profile = profile_policy(spec, "static-tree", qwen.cases["image"], 24, "greedy + stop strings")
     assert profile.per("step")["own reads"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("config", ["greedy + Python criterion", "greedy + custom processor"])
+def test_python_criteria_and_custom_processors_add_one_read_a_step_at_every_batch_size(qwen, config):
+    """One read more than the step's own: the criteria's answers, or the verified nodes' depths (the short run's last
+    step, whose tree is its root alone, has no depths to read, so the per-step difference may count a quarter more)."""
+    target = tiny_qwen2_5_vl(0)
+    spec = SpeculativeVLM(target, noisy_copy(target, 0.05), processor=qwen.processor)
+    for batch_size in (1, 4):
+        profile = profile_policy(spec, "static-tree", qwen.cases["image"], 24, config, batch_size)
+        assert profile.per("step")["own reads"] == pytest.approx(2.0, abs=0.3), batch_size

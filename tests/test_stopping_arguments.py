@@ -9,7 +9,7 @@ import torch
 from conftest import FAMILIES
 from test_batch import padded_batch
 from transformers import StoppingCriteria, StoppingCriteriaList
-from transformers.generation.stopping_criteria import MaxLengthCriteria, StopStringCriteria
+from transformers.generation.stopping_criteria import ConfidenceCriteria, MaxLengthCriteria, StopStringCriteria
 
 from vlmspec import SpeculativeVLM
 
@@ -117,6 +117,25 @@ def test_a_custom_max_length_criterion_replaces_the_budget_as_in_generate():
     expected = FAMILY.target.generate(**FAMILY.cases["text"], **kwargs)
     got = SpeculativeVLM(FAMILY.target, FAMILY.drafts["noisy"]).generate(**FAMILY.cases["text"], **kwargs)
     assert torch.equal(got, expected) and new_tokens(got, "text") == 5
+
+
+def test_a_custom_max_length_criterion_below_the_prompt_still_lets_one_token_through():
+    prompt = FAMILY.cases["text"]["input_ids"].shape[1]
+    criteria = StoppingCriteriaList([MaxLengthCriteria(prompt - 2)])
+    kwargs = dict(do_sample=False, max_new_tokens=NEW_TOKENS, stopping_criteria=criteria)
+    expected = FAMILY.target.generate(**FAMILY.cases["text"], **kwargs)
+    got = SpeculativeVLM(FAMILY.target, FAMILY.drafts["noisy"]).generate(**FAMILY.cases["text"], **kwargs)
+    assert torch.equal(got, expected) and new_tokens(got, "text") == 1
+
+
+def test_a_callers_confidence_criterion_is_applied_as_generate_applies_it():
+    criteria = StoppingCriteriaList([ConfidenceCriteria(0.99)])
+    kwargs = dict(do_sample=False, max_new_tokens=NEW_TOKENS, stopping_criteria=criteria)
+    kwargs |= dict(return_dict_in_generate=True, output_scores=True)
+    expected = FAMILY.target.generate(**FAMILY.cases["image"], **kwargs)
+    got = SpeculativeVLM(FAMILY.target, FAMILY.drafts["noisy"]).generate(**FAMILY.cases["image"], **kwargs)
+    assert torch.equal(got.sequences, expected.sequences)
+    assert new_tokens(got.sequences, "image") < NEW_TOKENS
 
 
 def test_max_time_once_passed_stops_after_the_next_token_as_in_generate():

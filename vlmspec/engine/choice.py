@@ -55,15 +55,20 @@ class NodeProcessing:
     """`generate`'s logits processors split into sequence processors (per node) and row-wise warpers (batched).
 
     `key` describes the processors' settings: sequences whose processings have equal keys can be processed by either.
+    Without `sampling` every processor decides the argmax, warper classes a caller passed included, so none is
+    split off. `width`, when set, is how wide the logits the caller's processors expect are (the target's
+    vocabulary): narrower ones (the draft's) are widened with -inf to reach them.
     """
 
-    def __init__(self, processors: LogitsProcessorList, row: int = 0):
+    def __init__(self, processors: LogitsProcessorList, row: int = 0, sampling: bool = True, width: int | None = None):
         self._source = processors
+        self.sampling = sampling
+        self.width = width
         self._per_row = any(_per_row(p) for p in processors)
         processors = LogitsProcessorList(_for_one_sequence(p, row) for p in processors)
         self.key = tuple(_describe(p) for p in processors)
         split = len(processors)
-        while split > 0 and isinstance(processors[split - 1], _ROW_WISE):
+        while sampling and split > 0 and isinstance(processors[split - 1], _ROW_WISE):
             split -= 1
         self.sequence_processors = LogitsProcessorList(processors[:split])
         self.warpers = LogitsProcessorList(processors[split:])
@@ -138,7 +143,7 @@ class NodeProcessing:
     def for_row(self, row: int) -> NodeProcessing:
         """The processing of row `row` of the padded batch the processors were made for (a repetition penalty that
         skips each row's own padding skips that row's)."""
-        return NodeProcessing(self._source, row) if self._per_row else self
+        return NodeProcessing(self._source, row, self.sampling, self.width) if self._per_row else self
 
     @property
     def batches_rows(self) -> bool:

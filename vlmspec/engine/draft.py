@@ -85,14 +85,18 @@ def proposal_log_probs_rows(
         moved = [None if t is None else t.to(here) for t in (tokens, ancestors)]
         log_probs, order = proposal_log_probs_rows(logits.to(here), processing, vocab_limit, sequences, *moved, depth)
         return log_probs.to(logits.device), order.to(logits.device)
+    width = logits.shape[-1]
+    if processing.width is not None and processing.width > width:
+        logits = torch.nn.functional.pad(logits, (0, processing.width - width), value=-torch.inf)
     scores = processing.process_rows(logits, sequences, tokens, ancestors, depth)
     ranked = torch.log_softmax(scores, dim=-1)
     if not processing.warpers:
-        return ranked, ranked
+        return ranked[..., :width], ranked[..., :width]
     first = sequences[:1] if isinstance(sequences, torch.Tensor) else sequences[0]
     log_probs = processing.log_probs(scores.flatten(0, 1), first).view_as(scores)
     cut = ranked.clamp_min(-_RANK_FLOOR) - 2 * _RANK_FLOOR
-    return log_probs, torch.where(log_probs > -torch.inf, log_probs.clamp_min(-_RANK_FLOOR), cut)
+    order = torch.where(log_probs > -torch.inf, log_probs.clamp_min(-_RANK_FLOOR), cut)
+    return log_probs[..., :width], order[..., :width]
 
 
 @dataclass

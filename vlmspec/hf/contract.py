@@ -2,7 +2,8 @@
 
 Each name is applied exactly as `generate` applies it, has no effect on the tokens either way (vlmspec keeps its
 own caches, compiles its own forwards and is itself the speculation), or is refused with the reason when it is set.
-A name missing from these tables (one a new `transformers` release adds) is refused until it is sorted in.
+A field of the installed `GenerationConfig` missing from these tables (one a new `transformers` release adds) is
+refused when set, until it is sorted in.
 """
 
 from __future__ import annotations
@@ -152,8 +153,10 @@ def check_config(config: GenerationConfig) -> None:
     """Refuse a resolved generation config that sets a field vlmspec cannot honour, or one it does not know."""
     check_fields(vars(config))
     known = APPLIED_FIELDS | NO_EFFECT_FIELDS | REFUSED_FIELDS.keys()
+    fields = GenerationConfig().to_dict().keys()
+    # Attributes that are no field of the installed GenerationConfig (a model's own extras) are ignored, as there.
     for name, value in config.to_diff_dict().items():
-        if name not in known and value is not None:
+        if name in fields and name not in known and value is not None:
             raise UnsupportedGenerationError(
                 f"{name}={value!r} is a generation-config field vlmspec has not been checked against; leave it unset"
             )

@@ -18,7 +18,6 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 from transformers.generation.logits_process import LogitsProcessor
 from transformers.generation.stopping_criteria import (
-    ConfidenceCriteria,
     EosTokenCriteria,
     MaxLengthCriteria,
     MaxTimeCriteria,
@@ -31,8 +30,16 @@ from ..engine.stopping import Stopping
 from ..errors import UnsupportedGenerationError
 from .contract import REFUSED_ARGUMENTS, check_arguments, check_config, check_fields
 
-#: `generate`'s own arguments that are not generation-config fields or model inputs.
-_DECODING_ARGUMENTS = ("logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn", "tokenizer", "synced_gpus")
+#: `generate`'s own arguments that are not generation-config fields or model inputs (`trust_remote_code` only
+#: serves `custom_generate`, which is refused when given).
+_DECODING_ARGUMENTS = (
+    "logits_processor",
+    "stopping_criteria",
+    "prefix_allowed_tokens_fn",
+    "tokenizer",
+    "synced_gpus",
+    "trust_remote_code",
+)
 
 
 def resolve_generation(
@@ -52,9 +59,10 @@ def resolve_generation(
     """
     kwargs = dict(kwargs)
     own = {name: kwargs.pop(name, None) for name in _DECODING_ARGUMENTS}
-    check_arguments({k for k in kwargs if k in REFUSED_ARGUMENTS}, synced_gpus=own["synced_gpus"])
-    for values in (kwargs, vars(generation_config or GenerationConfig()), vars(target.generation_config)):
-        check_fields(values)
+    refused = {name: kwargs.pop(name) for name in REFUSED_ARGUMENTS if name in kwargs}
+    check_arguments({name for name, value in refused.items() if value is not None}, synced_gpus=own["synced_gpus"])
+    # Fields given for this call (the merged config is checked again below, with the target's own defaults).
+    check_fields({**vars(generation_config or GenerationConfig()), **kwargs})
     has_default_max_length = (
         kwargs.get("max_length") is None
         and (generation_config is None or generation_config.max_length is None)
@@ -72,9 +80,14 @@ def resolve_generation(
         max_new_tokens = config.max_length if limit is None else min(config.max_length, limit - prompt_length)
     else:
         max_new_tokens = config.max_length - prompt_length
+    if max_new_tokens <= 0:
+        raise ValueError(
+            f"Input length of input_ids is {prompt_length}, but `max_length` is set to {config.max_length}: "
+            "set `max_new_tokens` instead"
+        )
     if config.min_new_tokens is not None:
         config.min_length = config.min_new_tokens + prompt_length
-    config.max_length = prompt_length + max(0, max_new_tokens)
+    config.max_length = prompt_length + max_new_tokens
     target._prepare_special_tokens(config, kwargs_has_attention_mask=True, device=input_ids.device, batch_size=1)
     custom = LogitsProcessorList(own["logits_processor"] or [])
     for processor in custom:
@@ -92,21 +105,28 @@ def resolve_generation(
         )
 
     target_processors = draft_processors = processors(config)
+    sampling = draft_sampling = bool(config.do_sample)
     if config.do_sample and config.top_k == 1:
         draft_config = copy.copy(config)
         draft_config.do_sample = False
         draft_processors = processors(draft_config)
+        draft_sampling = False
+    # The caller's processors may hold masks as wide as the target's vocabulary: the draft's logits reach them so wide.
+    width = target.get_output_embeddings().weight.shape[0] if custom or own["prefix_allowed_tokens_fn"] else None
     criteria = _stopping_criteria(target, config, own["stopping_criteria"], own["tokenizer"])
     eos_ids = [c.eos_token_id.flatten() for c in criteria if isinstance(c, EosTokenCriteria)]
     limits = [c.max_length for c in criteria if isinstance(c, MaxLengthCriteria)]
     pad = config._pad_token_tensor
     return DecodeSettings(
-        max_new_tokens=max(0, min(limits, default=config.max_length) - prompt_length),
+        # A criterion is checked after a token: one at or below the prompt's length still lets one through.
+        max_new_tokens=max(1, min(limits, default=config.max_length) - prompt_length),
         eos_token_ids=torch.cat(eos_ids).to(input_ids.device)
         if eos_ids
         else torch.empty(0, dtype=torch.long, device=input_ids.device),
-        sampler=TargetSampler(NodeProcessing(target_processors), bool(config.do_sample), generator),
-        draft_processing=NodeProcessing(draft_processors) if draft_processors else None,
+        sampler=TargetSampler(NodeProcessing(target_processors, sampling=sampling), sampling, generator),
+        draft_processing=NodeProcessing(draft_processors, sampling=draft_sampling, width=width)
+        if draft_processors
+        else None,
         num_sequences=config.num_return_sequences or 1,
         pad_token_id=None if pad is None else int(pad.reshape(-1)[0]),
         stopping=_sorted_criteria(criteria),
@@ -148,7 +168,7 @@ def _sorted_criteria(criteria: StoppingCriteriaList) -> Stopping:
     checked: stop strings on the device, a time limit on the host's clock, any others once per emitted token."""
     stopping = Stopping()
     for criterion in criteria:
-        if isinstance(criterion, (EosTokenCriteria, MaxLengthCriteria, ConfidenceCriteria)):
+        if isinstance(criterion, (EosTokenCriteria, MaxLengthCriteria)):
             continue
         if type(criterion) is StopStringCriteria and stopping.strings is None:
             stopping.strings = criterion
