@@ -86,17 +86,19 @@ def proposal_log_probs_rows(
         log_probs, order = proposal_log_probs_rows(logits.to(here), processing, vocab_limit, sequences, *moved, depth)
         return log_probs.to(logits.device), order.to(logits.device)
     width = logits.shape[-1]
-    if processing.width is not None and processing.width > width:
+    widened = processing.width is not None and processing.width > width
+    if widened:
         logits = torch.nn.functional.pad(logits, (0, processing.width - width), value=-torch.inf)
     scores = processing.process_rows(logits, sequences, tokens, ancestors, depth)
+    if widened:
+        scores = scores[..., :width]
     ranked = torch.log_softmax(scores, dim=-1)
     if not processing.warpers:
-        return ranked[..., :width], ranked[..., :width]
+        return ranked, ranked
     first = sequences[:1] if isinstance(sequences, torch.Tensor) else sequences[0]
     log_probs = processing.log_probs(scores.flatten(0, 1), first).view_as(scores)
     cut = ranked.clamp_min(-_RANK_FLOOR) - 2 * _RANK_FLOOR
-    order = torch.where(log_probs > -torch.inf, log_probs.clamp_min(-_RANK_FLOOR), cut)
-    return log_probs[..., :width], order[..., :width]
+    return log_probs, torch.where(log_probs > -torch.inf, log_probs.clamp_min(-_RANK_FLOOR), cut)
 
 
 @dataclass
