@@ -136,7 +136,7 @@ def test_a_batch_under_a_custom_processor_equals_the_targets_batched_generate():
 
 def test_sampling_under_custom_processors_draws_the_targets_distribution():
     warp = dict(temperature=1.5, top_k=6)
-    custom = dict(logits_processor=LogitsProcessorList([AlternatingParity()]))
+    custom = dict(logits_processor=LogitsProcessorList([AlternatingParity()]), prefix_allowed_tokens_fn=allowed_by_row)
     inputs = FAMILY.cases["image"]
     exact = exact_continuations(FAMILY.target, inputs, 4, 0.005, **warp, **custom)
     spec = SpeculativeVLM(FAMILY.target, FAMILY.drafts["noisy"], "sage")

@@ -11,7 +11,7 @@ from test_batch import padded_batch
 from transformers import StoppingCriteria, StoppingCriteriaList
 from transformers.generation.stopping_criteria import ConfidenceCriteria, MaxLengthCriteria, StopStringCriteria
 
-from vlmspec import SpeculativeVLM
+from vlmspec import SpeculativeVLM, UnsupportedGenerationError
 
 FAMILY = FAMILIES["qwen2_5_vl"]
 NEW_TOKENS = 24
@@ -172,6 +172,15 @@ def test_every_row_of_a_batch_stops_where_its_own_generate_stops(policy):
         assert bool((got[b, width + own :] == pad).all())
         lengths.append(own)
     assert len(set(lengths)) == len(rows)
+
+
+def test_a_batch_with_stop_criteria_and_no_eos_is_refused_naming_why():
+    """Without an EOS `generate` keeps decoding a stopped row until every row stops, rather than padding it."""
+    batch = padded_batch(FAMILY, ("text", "image"))
+    tokenizer = FAMILY.processor.tokenizer
+    spec = SpeculativeVLM(FAMILY.target, FAMILY.drafts["noisy"])
+    with pytest.raises(UnsupportedGenerationError, match="without an eos_token_id"):
+        spec.generate(**batch, max_new_tokens=8, eos_token_id=None, stop_strings=["x"], tokenizer=tokenizer)
 
 
 def test_stream_stops_each_prompt_with_its_own_criteria_as_its_own_generate():

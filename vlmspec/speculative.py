@@ -17,7 +17,7 @@ from .engine.compiled import LARGEST_FORWARD, CompileGuard, compiled_forward
 from .engine.prefill import Prefiller
 from .engine.runner import ModelRunner
 from .engine.stats import SpecStats
-from .errors import VocabularyMismatchError
+from .errors import UnsupportedGenerationError, VocabularyMismatchError
 from .hf.generation import resolve_generation
 from .loading import Quantization, check_model_attention, check_tokenizers, load_model
 from .policies import SageConfig, TreePolicy, resolve_policy
@@ -227,6 +227,14 @@ class SpeculativeVLM:
             {k: v for k, v in target_inputs.items() if k != "input_ids"},
             on_device(generator, device),
         )
+        stopping = settings.stopping
+        rows = input_ids.shape[0] * settings.num_sequences
+        if rows > 1 and settings.eos_token_ids.numel() == 0 and (stopping.strings is not None or stopping.on_host):
+            raise UnsupportedGenerationError(
+                "stop strings, max_time or stopping_criteria in a batch without an eos_token_id are not supported: "
+                "generate pads a stopped row only after an EOS, and otherwise keeps decoding it until every row "
+                "stops; pass eos_token_id, or decode the prompts one at a time (stream)"
+            )
         if streamer is not None and input_ids.shape[0] > 1:
             raise ValueError(
                 "a streamer follows one sequence (transformers' streamers take batch size 1): "

@@ -116,16 +116,16 @@ class NodeProcessing:
             depths = [[depth] * m for _ in range(rows)] if depth is not None else path_rows.sum(2).tolist()
         groups: dict[int, dict[int, list[int]]] = {}
         for b, row_depths in enumerate(depths):
-            for i, depth in enumerate(row_depths):
-                groups.setdefault(sequences[b].shape[1] + depth, {}).setdefault(b, []).append(i)
+            for i, node_depth in enumerate(row_depths):
+                groups.setdefault(sequences[b].shape[1] + node_depth, {}).setdefault(b, []).append(i)
         for length, members in sorted(groups.items()):
             parts, flat = [], []
             for b, nodes in members.items():
                 ids = sequences[b].expand(len(nodes), -1)
-                depth = length - sequences[b].shape[1]
-                if depth:
+                path = length - sequences[b].shape[1]
+                if path:
                     chosen = host_values(nodes, tokens.device) if len(nodes) < m else slice(None)
-                    ids = torch.cat([ids, tokens[b, 1:][order[b, chosen, :depth]]], dim=1)
+                    ids = torch.cat([ids, tokens[b, 1:][order[b, chosen, :path]]], dim=1)
                 parts.append(ids)
                 flat += [b * m + i for i in nodes]
             index = slice(None) if len(flat) == rows * m else host_values(flat, scores.device)

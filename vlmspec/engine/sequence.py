@@ -129,11 +129,9 @@ class TokenSink:
         """The scores and logits of the first `count` of a step's emitted `tokens` (k,) (`logits` (count, V): the
         target's at the positions that chose them; None when none are kept) and the host's stopping criteria's
         answers after each, unread; `settle` keeps them once the answers are read."""
-        if self.settings.stopping.past_deadline():
+        deadline = self.settings.stopping.past_deadline()
+        if deadline:
             count = min(count, 1)
-            deadline = True
-        else:
-            deadline = False
         before = self.sequence[0]
         scores: list[torch.Tensor] = []
         raw: list[torch.Tensor] = []
@@ -157,11 +155,10 @@ class TokenSink:
         """Keep what `judge` found up to where the sequence stops, given its criteria's `answers` as read; returns
         how many tokens are emitted when it stops there, else None."""
         stop = judged.stop if judged.stop is not None else first_stop(answers)
-        end = None if stop is None else stop
         if self.scores is not None:
-            self.scores += judged.scores[:end]
+            self.scores += judged.scores[:stop]
         if self.logits is not None:
-            self.logits += judged.logits[:end]
+            self.logits += judged.logits[:stop]
         return stop
 
     def emit(self, tokens: torch.Tensor, logits: torch.Tensor | None = None) -> None:
