@@ -139,3 +139,18 @@ def test_a_bad_medium_in_a_list_of_prompts_fails_naming_it_before_any_decoding(p
     with pytest.raises(vlmspec.MediaNotFoundError, match="missing.png"):
         vlmspec.generate(["Describe.", "Describe."], images=images, model=pair_dirs[0], draft=pair_dirs[1])
     assert not decoded
+
+
+def test_generate_stops_at_a_stop_string_with_the_pairs_own_tokenizer(pair_dirs, media):
+    spec = vlmspec.load_pair(*pair_dirs)
+    tokenizer = spec.processor.tokenizer
+    image = load_image(media["image"])
+    inputs = spec.processor(spec.processor.apply_chat_template(chat_messages("Describe.", 1)), images=[image])
+    full = spec.target.generate(**inputs, do_sample=False, max_new_tokens=24)[0, inputs["input_ids"].shape[1] :]
+    stop = next(t for t in (tokenizer.decode([int(i)]) for i in full[6:]) if t.strip().isalnum())
+    ids = spec.target.generate(**inputs, do_sample=False, max_new_tokens=24, stop_strings=[stop], tokenizer=tokenizer)
+    expected = tokenizer.decode(ids[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+    text = vlmspec.generate(
+        "Describe.", images=image, model=pair_dirs[0], draft=pair_dirs[1], max_new_tokens=24, stop_strings=[stop]
+    )
+    assert text == expected and text.endswith(stop)

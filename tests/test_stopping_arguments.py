@@ -86,6 +86,14 @@ def test_a_stop_string_in_the_first_token_ends_at_the_prefill():
     assert torch.equal(got, expected)
 
 
+def test_stop_strings_take_the_pairs_own_tokenizer_by_default():
+    kwargs = dict(do_sample=False, max_new_tokens=NEW_TOKENS, stop_strings=[stop_string("image", 9)])
+    expected = FAMILY.target.generate(**FAMILY.cases["image"], tokenizer=FAMILY.processor.tokenizer, **kwargs)
+    spec = SpeculativeVLM(FAMILY.target, FAMILY.drafts["noisy"], processor=FAMILY.processor)
+    assert torch.equal(spec.generate(**FAMILY.cases["image"], **kwargs), expected)
+    assert new_tokens(expected, "image") < NEW_TOKENS
+
+
 def test_stop_strings_without_a_tokenizer_ask_for_one():
     spec = SpeculativeVLM(FAMILY.target, FAMILY.drafts["noisy"])
     with pytest.raises(ValueError, match="tokenizer"):

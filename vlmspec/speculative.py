@@ -222,7 +222,7 @@ class SpeculativeVLM:
         settings = resolve_generation(
             self.target,
             generation_config,
-            kwargs,
+            self._with_tokenizer(kwargs),
             target_inputs["input_ids"],
             {k: v for k, v in target_inputs.items() if k != "input_ids"},
             on_device(generator, device),
@@ -251,6 +251,12 @@ class SpeculativeVLM:
                 logits=_per_step([r.logits for r in results]) if settings.output_logits else None,
             )
         return sequences
+
+    def _with_tokenizer(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """`kwargs` with the pair's own tokenizer (its processor's) where none is given, for stop strings."""
+        if kwargs.get("tokenizer") is not None or self.processor is None:
+            return kwargs
+        return {**kwargs, "tokenizer": self.processor.tokenizer}
 
     def _generate_rows(self, inputs: dict[str, torch.Tensor], settings: Any, streamer: Any = None) -> list[RowResult]:
         """Every row's `num_return_sequences` draws (sharing the row's prefill) decoded together as sequences of their
@@ -307,7 +313,7 @@ class SpeculativeVLM:
                 try:
                     keys = self._target_runner.adapter.input_keys
                     row = _to_device({k: item[k] for k in keys if item.get(k) is not None}, device)
-                    own = {**kwargs, **(options[0] if options else {})}
+                    own = self._with_tokenizer({**kwargs, **(options[0] if options else {})})
                     own_generator = on_device(own.pop("generator", generator), device)
                     settings = resolve_generation(
                         self.target,
