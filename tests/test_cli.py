@@ -98,6 +98,15 @@ def test_min_new_tokens_reaches_generate(qwen, early_eos_pair, capsys):
     assert len(longer) > len(printed(capsys, generate_text((model, draft))))
 
 
+def test_a_stop_string_ends_the_printed_text_where_generate_ends_it(qwen, pair, capsys):
+    tokenizer = qwen.processor.tokenizer
+    new = qwen.reference("text", 24)[0, qwen.cases["text"]["input_ids"].shape[1] :].tolist()
+    stop = next(t for t in (tokenizer.decode([i]) for i in new[6:]) if t.strip().isalnum())
+    stopped = printed(capsys, generate_text(pair, "--stop", stop, "--stop", "never seen"))
+    assert stopped == reference_text(qwen, stop_strings=(stop, "never seen"), tokenizer=tokenizer)
+    assert len(stopped) < len(reference_text(qwen))
+
+
 def test_only_the_flags_given_reach_generate():
     args = build_parser().parse_args(["generate", PROMPT, "--greedy", "--top-k", "0", "--seed", "4"])
     assert generation_options(args) == {"do_sample": False, "top_k": 0}

@@ -31,7 +31,15 @@ EXIT_CONFIGURATION = 2
 EXIT_INTERRUPTED = 130
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-GENERATION_FLAGS = ("do_sample", "temperature", "top_p", "top_k", "repetition_penalty", "min_new_tokens")
+GENERATION_FLAGS = (
+    "do_sample",
+    "temperature",
+    "top_p",
+    "top_k",
+    "repetition_penalty",
+    "min_new_tokens",
+    "stop_strings",
+)
 #: The settings that only matter when sampling.
 SHAPING = ("temperature", "top_p", "top_k")
 
@@ -353,6 +361,13 @@ def _add_generation_options(parser: argparse.ArgumentParser, seed_help: str) -> 
     mode.add_argument("--greedy", dest="do_sample", action="store_const", const=False, help="do_sample=False")
     _add_sampling_settings(group)
     group.add_argument("--min-new-tokens", type=_number(int, 0))
+    group.add_argument(
+        "--stop",
+        dest="stop_strings",
+        action="append",
+        metavar="TEXT",
+        help="end the answer right after TEXT (repeatable; generate's stop_strings)",
+    )
     group.add_argument("--seed", type=_number(int, 0), metavar="N", help=seed_help)
 
 
