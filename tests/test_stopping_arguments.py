@@ -8,23 +8,14 @@ import pytest
 import torch
 from conftest import FAMILIES
 from test_batch import padded_batch
-from transformers import StoppingCriteria, StoppingCriteriaList
+from transformers import StoppingCriteriaList
 from transformers.generation.stopping_criteria import ConfidenceCriteria, MaxLengthCriteria, StopStringCriteria
 
 from vlmspec import SpeculativeVLM, UnsupportedGenerationError
+from vlmspec.eval.profile import EndsWithToken
 
 FAMILY = FAMILIES["qwen2_5_vl"]
 NEW_TOKENS = 24
-
-
-class EndsWithToken(StoppingCriteria):
-    """A criterion written in Python: stops a row once its last token is `token`."""
-
-    def __init__(self, token: int):
-        self.token = token
-
-    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
-        return input_ids[:, -1] == self.token
 
 
 def continuation(case: str) -> torch.Tensor:

@@ -104,12 +104,8 @@ def uniform_processing(processings: Sequence[NodeProcessing | None]) -> bool:
 def common_processing(processings: Sequence[NodeProcessing | None]) -> NodeProcessing | None:
     """The processing every row's equals, when one call can serve all rows (its sequence processors read a sequence
     as a set of ids); None when rows differ or none can."""
-    first = processings[0]
-    if first is None or not first.batches_rows:
-        return None
-    if all(p is first or (p is not None and p.key == first.key) for p in processings):
-        return first
-    return None
+    shared = same_processing(processings)
+    return shared if shared is not None and shared.batches_rows else None
 
 
 def same_processing(processings: Sequence[NodeProcessing | None]) -> NodeProcessing | None:

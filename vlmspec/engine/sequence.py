@@ -174,7 +174,7 @@ class TokenSink:
                 self.finished = True
         strings = self.settings.stopping.strings
         if strings is not None:
-            sequence = torch.cat([self.buffer[0, : self.length], tokens])[None]
+            sequence = torch.cat([self.sequence[0], tokens])[None]
             self.finished |= bool(strings(sequence, None).any())
         is_eos = torch.isin(tokens, self.settings.eos_token_ids)
         if bool(is_eos.any()):
