@@ -3,21 +3,25 @@ others finish, and both together over a fake decoder whose rows finish after a s
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass
 
 import pytest
 
-from vlmspec.engine.schedule import Admission, compaction
+from vlmspec.engine.schedule import Admission, Arrivals, compaction
 
 
 @dataclass
 class Fake:
-    """A request: its prompt's positions, the steps it decodes for, and an error it may already carry."""
+    """A request: its prompt's positions, the steps it decodes for, an error it may already carry, and whether its
+    caller gave up on it."""
 
     name: str
     positions: int = 10
     steps: int = 1
     error: BaseException | None = None
+    cancelled: bool = False
 
 
 def requests(*specs: int | tuple[int, ...]) -> list[Fake]:
@@ -132,3 +136,55 @@ def test_over_a_fake_decoder_the_budget_holds_at_every_step():
     assert len(finished) == len(source)
     assert all(len(step) == 1 or sum(sizes[name] for name in step) <= budget for step in history)
     assert ["r3"] in history
+
+
+def test_a_request_cancelled_before_it_joins_is_failed_and_takes_no_row():
+    source = requests(1, 1, 1)
+    source[1].cancelled = True
+    joining = Admission(source, batch_size=2).fill([])
+    assert [r.name for r in joining.rows] == ["r0", "r2"] and [r.name for r in joining.failed] == ["r1"]
+
+
+def test_arrivals_with_rows_in_flight_take_what_has_arrived_and_never_wait():
+    arrivals = Arrivals()
+    admission = Admission(arrivals, batch_size=4)
+    assert admission.fill([10]).rows == [] and not admission.exhausted
+    arrivals.put(Fake("a"))
+    arrivals.put(Fake("b"))
+    assert [r.name for r in admission.fill([10]).rows] == ["a", "b"] and not admission.exhausted
+
+
+def test_arrivals_with_no_rows_in_flight_wait_for_the_next_request():
+    arrivals = Arrivals()
+    admission = Admission(arrivals, batch_size=4)
+    timer = threading.Timer(0.2, arrivals.put, [Fake("late")])
+    timer.start()
+    started = time.perf_counter()
+    joined = admission.fill([]).rows
+    assert [r.name for r in joined] == ["late"] and time.perf_counter() - started >= 0.15
+    timer.join()
+
+
+def test_closed_arrivals_are_exhausted_once_every_request_put_is_taken():
+    arrivals = Arrivals()
+    arrivals.put(Fake("a"))
+    arrivals.close()
+    admission = Admission(arrivals, batch_size=1)
+    assert [r.name for r in admission.fill([]).rows] == ["a"] and not admission.exhausted
+    assert admission.fill([]).rows == [] and admission.exhausted
+
+
+def test_arrivals_over_a_fake_decoder_serve_every_request_put_while_it_runs():
+    arrivals = Arrivals()
+    for spec in requests(2, 1, 3):
+        arrivals.put(spec)
+    late = [Fake(f"late{i}", steps=i + 1) for i in range(3)]
+
+    def put_late():
+        for request in late:
+            arrivals.put(request)
+        arrivals.close()
+
+    threading.Timer(0.05, put_late).start()
+    finished, widest, _ = simulate(arrivals, batch_size=2)
+    assert sorted(finished) == sorted(["r0", "r1", "r2", "late0", "late1", "late2"]) and widest == 2

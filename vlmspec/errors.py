@@ -80,3 +80,7 @@ class PromptTypeError(VLMSpecError, TypeError):
 class UnsupportedGenerationError(VLMSpecError, NotImplementedError):
     """A `generate` argument or generation-config field vlmspec cannot honour exactly (beam search, hidden states,
     classifier-free guidance, ...), named with why."""
+
+
+class RequestCancelled(VLMSpecError):
+    """A sequence its caller gave up on (a server's client that disconnected): its row was freed at the next step."""

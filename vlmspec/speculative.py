@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -16,6 +17,7 @@ from .engine.budget import KVBudget
 from .engine.compiled import LARGEST_FORWARD, CompileGuard, compiled_forward
 from .engine.prefill import Prefiller
 from .engine.runner import ModelRunner
+from .engine.schedule import Arrivals
 from .engine.stats import SpecStats
 from .errors import UnsupportedGenerationError, VocabularyMismatchError
 from .hf.generation import resolve_generation
@@ -303,37 +305,70 @@ class SpeculativeVLM:
         the KV cache of the rows in flight (both models): rows wait for room, and a prompt that alone exceeds it
         fails with `MemoryBudgetError` naming the option.
         """
-        self._target_runner.refresh()
-        self._draft_runner.refresh()
-        device, draft_device = self._target_runner.device, self._draft_runner.device
-        budget = None if kv_budget_gb is None else KVBudget(kv_budget_gb, self.target, self.draft)
 
         def requests() -> Iterator[RowRequest]:
             for key, item, *options in inputs:
+                own = {**kwargs, **(options[0] if options else {})}
+                own.setdefault("generator", generator)
                 try:
-                    keys = self._target_runner.adapter.input_keys
-                    row = _to_device({k: item[k] for k in keys if item.get(k) is not None}, device)
-                    own = self._with_tokenizer({**kwargs, **(options[0] if options else {})})
-                    own_generator = on_device(own.pop("generator", generator), device)
-                    settings = resolve_generation(
-                        self.target,
-                        generation_config,
-                        own,
-                        row["input_ids"],
-                        {k: v for k, v in row.items() if k != "input_ids"},
-                        own_generator,
+                    yield self.prepare(
+                        item, key=key, kv_budget_gb=kv_budget_gb, generation_config=generation_config, **own
                     )
-                    if settings.num_sequences != 1:
-                        raise ValueError("stream() draws one continuation per prompt: pass num_return_sequences=1")
-                    if budget is not None:
-                        budget.check(row["input_ids"].shape[1] + settings.max_new_tokens)
                 except Exception as error:  # noqa: BLE001 - a bad prompt is reported, the others go on
                     yield RowRequest(key, {}, {}, torch.empty(1, 0, dtype=torch.long), None, error=error)
-                    continue
-                yield RowRequest(key, row, _to_device(row, draft_device), row["input_ids"], settings)
 
-        admit = None if budget is None else budget.admits
-        yield from self._batch.run(requests(), batch_size, admit)
+        yield from self.decode(requests(), batch_size, kv_budget_gb=kv_budget_gb)
+
+    @torch.inference_mode()
+    def prepare(
+        self,
+        inputs: dict[str, Any],
+        *,
+        key: Any = None,
+        streamer: Any = None,
+        cancel: threading.Event | None = None,
+        kv_budget_gb: float | None = None,
+        generation_config: GenerationConfig | None = None,
+        generator: torch.Generator | None = None,
+        **kwargs: Any,
+    ) -> RowRequest:
+        """One prompt (the processor's output for it) made ready to `decode` as `generate(**inputs, **kwargs)` would
+        decode it; raises what `generate` would raise for it. `streamer` follows its tokens, `cancel` (set from any
+        thread) frees its row at the next step, and `kv_budget_gb` refuses a prompt that alone would exceed it."""
+        device, draft_device = self._target_runner.device, self._draft_runner.device
+        keys = self._target_runner.adapter.input_keys
+        row = _to_device({k: inputs[k] for k in keys if inputs.get(k) is not None}, device)
+        settings = resolve_generation(
+            self.target,
+            generation_config,
+            self._with_tokenizer(kwargs),
+            row["input_ids"],
+            {k: v for k, v in row.items() if k != "input_ids"},
+            on_device(generator, device),
+        )
+        if settings.num_sequences != 1:
+            raise ValueError("one prompt decodes one continuation here: pass num_return_sequences=1")
+        if kv_budget_gb is not None:
+            KVBudget(kv_budget_gb, self.target, self.draft).check(row["input_ids"].shape[1] + settings.max_new_tokens)
+        return RowRequest(
+            key, row, _to_device(row, draft_device), row["input_ids"], settings, streamer=streamer, cancel=cancel
+        )
+
+    @torch.inference_mode()
+    def decode(
+        self,
+        requests: Iterable[RowRequest] | Arrivals[RowRequest],
+        batch_size: int = 8,
+        *,
+        kv_budget_gb: float | None = None,
+    ) -> Iterator[RowResult]:
+        """Decode prepared requests (`prepare`), up to `batch_size` at once, yielding each as it finishes. `requests`
+        may be `Arrivals`, which requests join while others decode (a server's): the loop waits for one only when none
+        is in flight, and ends when it is closed."""
+        self._target_runner.refresh()
+        self._draft_runner.refresh()
+        budget = None if kv_budget_gb is None else KVBudget(kv_budget_gb, self.target, self.draft)
+        yield from self._batch.run(requests, batch_size, None if budget is None else budget.admits)
 
     @torch.inference_mode()
     def warm_up(self, max_new_tokens: int = 128, **inputs: Any) -> float:

@@ -12,6 +12,7 @@ in its place (continuous batching).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
@@ -20,6 +21,7 @@ from typing import Any
 import torch
 
 from ..adapters import VisualLayout
+from ..errors import RequestCancelled
 from ..policies import (
     AdaptiveTreePlan,
     BatchShape,
@@ -48,7 +50,7 @@ from .rows_step import (
     draft_rows,
     uniform_processing,
 )
-from .schedule import Admission
+from .schedule import Admission, Arrivals
 from .sequence import DecodeSettings, TokenSink
 from .stats import PhaseTimer, SpecStats, StepRecord
 from .stopping import StringWindows
@@ -59,7 +61,8 @@ from .tree import DraftTree, rank_tree_shape, with_edges
 class RowRequest:
     """One sequence to decode: its own (unpadded) inputs for each model, the ids its output starts with (`prompt`
     (1, P): a padded batch's row keeps its padding there) and how to decode it. `key` names it in the results;
-    `streamer` (transformers' streamer protocol) follows its tokens as they are emitted."""
+    `streamer` (transformers' streamer protocol) follows its tokens as they are emitted; setting `cancel` (from any
+    thread) frees its row at the next step."""
 
     key: Any
     target_inputs: dict[str, Any]
@@ -68,6 +71,11 @@ class RowRequest:
     settings: DecodeSettings | None
     error: Exception | None = None
     streamer: Any = None
+    cancel: threading.Event | None = None
+
+    @property
+    def cancelled(self) -> bool:
+        return self.cancel is not None and self.cancel.is_set()
 
     @property
     def positions(self) -> int:
@@ -137,15 +145,17 @@ class BatchDecoder:
 
     def run(
         self,
-        requests: Iterable[RowRequest],
+        requests: Iterable[RowRequest] | Arrivals[RowRequest],
         batch_size: int,
         admit: Callable[[list[int], int], bool] | None = None,
     ) -> Iterator[RowResult]:
         """Decode `requests`, keeping up to `batch_size` in flight; yields each as it finishes (not in input order).
 
-        `admit(in_flight, positions)` may refuse another row of `positions` beside rows of `in_flight` positions (a
-        memory budget); a refused request waits until a row finishes. A request carrying an `error`, or failing in
-        its prefill, is yielded as failed and the others go on. `stats` holds the batch's phase times afterwards.
+        `requests` may be `Arrivals` (a server's), which new requests join while others decode. `admit(in_flight,
+        positions)` may refuse another row of `positions` beside rows of `in_flight` positions (a memory budget); a
+        refused request waits until a row finishes. A request carrying an `error`, or failing in its prefill, is
+        yielded as failed and the others go on; a cancelled one is yielded with `RequestCancelled` (with what it
+        emitted, if it had joined). `stats` holds the batch's phase times afterwards.
         At `batch_size` 1 each sequence decodes alone: its policy plans as for one sequence (`TreePolicy.plan`), not
         as a batch's row (`plan_batch`).
         """
@@ -159,7 +169,7 @@ class BatchDecoder:
             while True:
                 joining = admission.fill([row.request.positions for row in rows])
                 for request in joining.failed:
-                    yield RowResult(request.key, None, None, request.error)
+                    yield RowResult(request.key, None, None, request.error or RequestCancelled("cancelled before it ran"))
                 joined = len(rows)
                 for request, admitted in self._admit_all(joining.rows, target, draft):
                     if isinstance(admitted, Exception):
@@ -177,14 +187,17 @@ class BatchDecoder:
                     # Every prompt admitted this round finished at its prefill (or failed): admit the next ones.
                     continue
                 self._step(rows, target, draft, timer)
-                done = [b for b, row in enumerate(rows) if row.sink.finished]
+                done = [b for b, row in enumerate(rows) if row.sink.finished or row.request.cancelled]
                 if done:
                     order = target.drop(done)
                     draft.drop(done)
                     finished = [rows[b] for b in done]
                     rows = [rows[b] for b in order]
                     for row in finished:
-                        yield row.result()
+                        result = row.result()
+                        if not row.sink.finished:
+                            result.error = RequestCancelled("its caller cancelled it")
+                        yield result
         finally:
             for row in rows:
                 row.sink.close()

@@ -3,13 +3,15 @@ take when others finish. Pure bookkeeping over requests and row indices, so it i
 
 from __future__ import annotations
 
+import queue
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 
 class Request(Protocol):
-    """What admission reads of a request: its prompt's positions (for the budget) and an error it already carries."""
+    """What admission reads of a request: its prompt's positions (for the budget), an error it already carries, and
+    whether its caller has given up on it (it then takes no row)."""
 
     @property
     def positions(self) -> int: ...
@@ -17,8 +19,43 @@ class Request(Protocol):
     @property
     def error(self) -> BaseException | None: ...
 
+    @property
+    def cancelled(self) -> bool: ...
+
 
 R = TypeVar("R", bound=Request)
+
+
+class Arrivals(Generic[R]):
+    """A source whose requests arrive while the batch decodes (a server's): `put` from any thread. The batch takes
+    what has arrived without waiting while it has rows in flight, and waits for the next request only when it has
+    none, so a quiet source never stalls rows in flight. `close` ends it once everything put has been taken."""
+
+    _END = object()
+
+    def __init__(self):
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+
+    def put(self, request: R) -> None:
+        self._queue.put(request)
+
+    def close(self) -> None:
+        self._queue.put(self._END)
+
+    def __len__(self) -> int:
+        """Requests put and not yet taken (approximate while other threads put)."""
+        return self._queue.qsize()
+
+    def take(self, wait: bool) -> R | None:
+        """The next request; None when none has arrived (and `wait` is False). Raises `StopIteration` once closed."""
+        try:
+            request = self._queue.get(block=wait)
+        except queue.Empty:
+            return None
+        if request is self._END:
+            self._queue.put(self._END)
+            raise StopIteration
+        return request
 
 
 @dataclass
@@ -31,30 +68,49 @@ class Joining(Generic[R]):
 
 
 class Admission(Generic[R]):
-    """Admits requests from `source` into a batch of at most `batch_size` rows, in order. `admit(in_flight,
-    positions)` may refuse a request of `positions` beside rows of `in_flight` positions (a memory budget); a refused
-    request waits, first in line, until a row finishes. A request alone is always admitted (nothing would free
-    memory for it)."""
+    """Admits requests from `source` (an iterable, or `Arrivals`) into a batch of at most `batch_size` rows, in order.
+    `admit(in_flight, positions)` may refuse a request of `positions` beside rows of `in_flight` positions (a memory
+    budget); a refused request waits, first in line, until a row finishes. A request alone is always admitted
+    (nothing would free memory for it). A request cancelled before it joins is reported as failed."""
 
-    def __init__(self, source: Iterable[R], batch_size: int, admit: Callable[[list[int], int], bool] | None = None):
+    def __init__(
+        self,
+        source: Iterable[R] | Arrivals[R],
+        batch_size: int,
+        admit: Callable[[list[int], int], bool] | None = None,
+    ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         self.batch_size = batch_size
         self.admit = admit
-        self._source: Iterator[R] = iter(source)
+        self._arrivals = source if isinstance(source, Arrivals) else None
+        self._source: Iterator[R] | None = None if self._arrivals is not None else iter(source)
         self._waiting: R | None = None
         self.exhausted = False
+
+    def _next(self, idle: bool) -> R | None:
+        """The next request, or None for none now: an iterable's end exhausts it; arrivals are waited for only when
+        the batch is `idle`."""
+        if self._arrivals is None:
+            request = next(self._source, None)
+            self.exhausted = request is None
+            return request
+        try:
+            return self._arrivals.take(wait=idle)
+        except StopIteration:
+            self.exhausted = True
+            return None
 
     def fill(self, in_flight: list[int]) -> Joining[R]:
         """The requests that join rows of `in_flight` positions now, up to the row limit and the budget."""
         joining: Joining[R] = Joining()
         while len(in_flight) + len(joining.rows) < self.batch_size and not self.exhausted:
-            request = self._waiting if self._waiting is not None else next(self._source, None)
+            idle = not in_flight and not joining.rows and not joining.failed
+            request = self._waiting if self._waiting is not None else self._next(idle)
             self._waiting = None
             if request is None:
-                self.exhausted = True
                 break
-            if request.error is not None:
+            if request.error is not None or request.cancelled:
                 joining.failed.append(request)
                 continue
             occupied = in_flight + [r.positions for r in joining.rows]
