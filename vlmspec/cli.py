@@ -1,4 +1,4 @@
-"""The `vlmspec` command: `demo`, `generate`, `caption`, `bench`.
+"""The `vlmspec` command: `demo`, `generate`, `caption`, `serve`, `bench`, `profile`.
 
 Exit codes: 0 done (`caption`: every input captioned); 1 an error of the model or an input (`generate`), a caption
 job stopped by the model, or a caption job whose output holds error records for some of its inputs (written now or
@@ -302,6 +302,44 @@ def _number(convert, low: float, *, above: bool = False, high: float | None = No
     return parse
 
 
+def _serve(args: argparse.Namespace) -> None:
+    import os
+
+    try:
+        from .serve.app import ServerOptions
+        from .serve.chat import ServeLimits
+        from .serve.launch import build_app, serve
+        from .serve.media import MediaLimits
+    except ImportError as error:
+        _fail(f"vlmspec serve needs the serving extra: pip install 'vlmspec[serve]' ({error})", EXIT_CONFIGURATION)
+    from .api import default_device_map, load_pair
+    from .captioning import CONFIGURATION_ERRORS
+
+    if args.allowed_local_media_path is not None and not Path(args.allowed_local_media_path).is_dir():
+        _fail(f"vlmspec serve: --allowed-local-media-path {args.allowed_local_media_path}: no such folder", 2)
+    try:
+        spec = load_pair(
+            **load_options(args),
+            device_map=default_device_map() if args.device is None else device_map_for(args.device),
+        ).with_options(args.policy)
+    except CONFIGURATION_ERRORS as error:
+        _fail(f"vlmspec serve: {type(error).__name__}: {error}", EXIT_CONFIGURATION)
+    name = args.served_model_name or (Path(args.model).name if args.model else "vlmspec-demo")
+    options = ServerOptions(
+        served_model_name=name,
+        api_key=args.api_key or os.environ.get("VLMSPEC_API_KEY") or None,
+        max_queue=args.max_queue,
+        max_body_bytes=int(args.max_body_mb * 1e6),
+        limits=ServeLimits(args.max_images, args.max_frames, args.max_n, args.default_max_tokens),
+        media=MediaLimits(args.allowed_local_media_path, int(args.max_media_mb * 1e6), args.media_timeout),
+    )
+    app = build_app(
+        spec, options, batch_size=args.batch_size, kv_budget_gb=args.kv_budget_gb, speculation=args.speculation == "on"
+    )
+    print(f"vlmspec serve: {name} at http://{args.host}:{args.port}/v1 ({spec})", file=sys.stderr)
+    serve(app, args.host, args.port, log_level=args.log_level)
+
+
 def _add_frame_options(parser: argparse.ArgumentParser) -> None:
     """Which frames of each video are sampled."""
     frames = parser.add_mutually_exclusive_group()
@@ -516,13 +554,47 @@ def build_parser() -> argparse.ArgumentParser:
     )
     profile.add_argument("--out", help="also write the table as results.md and the counts as results.json here")
     profile.set_defaults(run=_profile)
+
+    srv = commands.add_parser(
+        "serve", help="an OpenAI-compatible chat completions server (needs the serving extra: vlmspec[serve])"
+    )
+    _add_pair_options(srv)
+    srv.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
+    srv.add_argument("--port", type=_number(int, 0, high=65535), default=8000)
+    srv.add_argument("--served-model-name", help="the name clients pass as `model` (default: the model folder's)")
+    srv.add_argument(
+        "--api-key", help="clients must send it as a bearer token (default: $VLMSPEC_API_KEY; unset: none)"
+    )
+    srv.add_argument("--batch-size", type=_number(int, 1), default=16, help="rows decoded together at most")
+    srv.add_argument("--kv-budget-gb", type=_number(float, 0, above=True), help="cap on the rows' KV cache")
+    srv.add_argument(
+        "--max-queue", type=_number(int, 1), default=256, help="choices waiting for a row before requests get 503"
+    )
+    srv.add_argument(
+        "--speculation",
+        choices=("on", "off"),
+        default="on",
+        help="off: the target's own generate over the requests waiting (a baseline to compare with)",
+    )
+    srv.add_argument("--allowed-local-media-path", help="the folder file:// media URLs may name (default: none)")
+    srv.add_argument("--max-images", type=_number(int, 1), default=32, help="images per request at most")
+    srv.add_argument("--max-frames", type=_number(int, 1), default=64, help="frames sampled per video at most")
+    srv.add_argument("--max-n", type=_number(int, 1), default=8, help="choices (n) per request at most")
+    srv.add_argument("--default-max-tokens", type=_number(int, 1), default=256, help="when a request gives none")
+    srv.add_argument("--max-body-mb", type=_number(float, 0, above=True), default=64.0, help="request body limit")
+    srv.add_argument("--max-media-mb", type=_number(float, 0, above=True), default=50.0, help="one medium's limit")
+    srv.add_argument("--media-timeout", type=_number(float, 0, above=True), default=10.0, help="seconds per download")
+    srv.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    srv.set_defaults(run=_serve)
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command in ("generate", "caption", "bench", "profile") and (args.model is None) != (args.draft is None):
+    if args.command in ("generate", "caption", "bench", "profile", "serve") and (args.model is None) != (
+        args.draft is None
+    ):
         parser.error("--model and --draft go together (neither: the bundled demo pair)")
     if getattr(args, "retry_errors", False) and not args.resume:
         parser.error("--retry-errors continues an existing output: add --resume")

@@ -112,7 +112,8 @@ def _existing(path: str | os.PathLike) -> str:
 
 
 def load_image(source: Any) -> Image.Image:
-    """An RGB PIL image from a path, an http(s) URL, a PIL image, an (H, W, C) array or a (C, H, W) tensor.
+    """An RGB PIL image from a path, an http(s) URL, a file's bytes, a PIL image, an (H, W, C) array or a (C, H, W)
+    tensor.
 
     Converted as `transformers` converts: files turned upright by their EXIF orientation, then any mode (CMYK,
     palette, grey, with or without alpha) to RGB with transparency composited onto white, as its image processors
@@ -121,6 +122,8 @@ def load_image(source: Any) -> Image.Image:
     """
     if isinstance(source, Image.Image):
         return _rgb(source)
+    if isinstance(source, (bytes, bytearray)):
+        return _decode_image(BytesIO(source), "the image's bytes")
     if isinstance(source, torch.Tensor):
         source = _numpy(source)
         if source.ndim == 3 and source.shape[0] in (1, 3, 4) and source.shape[-1] not in (1, 3, 4):
@@ -135,8 +138,8 @@ def load_image(source: Any) -> Image.Image:
             raise UnsupportedMediaError(f"{text}: a video was given where an image is expected")
         return _decode_image(text, text)
     raise NotAnImageError(
-        f"cannot make an image from {shown_value(source)}: pass a path, an http(s) URL, a PIL image, an (H, W, C) "
-        f"array or a (C, H, W) tensor"
+        f"cannot make an image from {shown_value(source)}: pass a path, an http(s) URL, a file's bytes, a PIL image, "
+        f"an (H, W, C) array or a (C, H, W) tensor"
     )
 
 
