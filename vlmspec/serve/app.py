@@ -441,3 +441,4 @@ class _Answer:
         finally:
             if len(self.results) < len(self.jobs):
                 self.cancel()
+                self.server.metrics.requests.labels("cancelled").inc()
