@@ -334,10 +334,33 @@ def _serve(args: argparse.Namespace) -> None:
         media=MediaLimits(args.allowed_local_media_path, int(args.max_media_mb * 1e6), args.media_timeout),
     )
     app = build_app(
-        spec, options, batch_size=args.batch_size, kv_budget_gb=args.kv_budget_gb, speculation=args.speculation == "on"
+        spec,
+        options,
+        batch_size=args.batch_size,
+        kv_budget_gb=args.kv_budget_gb,
+        speculation=args.speculation == "on",
+        start=False,
     )
     print(f"vlmspec serve: {name} at http://{args.host}:{args.port}/v1 ({spec})", file=sys.stderr)
     serve(app, args.host, args.port, log_level=args.log_level)
+
+
+def _bench_serve(args: argparse.Namespace) -> None:
+    from .eval.serve_bench import bench_serve
+
+    report = bench_serve(
+        concurrency=args.concurrency,
+        requests_per_client=args.requests_per_client,
+        max_tokens=args.max_tokens,
+        chats_count=args.chats,
+        batch_size=args.batch_size,
+        transformers_cli=args.transformers_cli,
+        vllm_cli=args.vllm_cli,
+        out=None if args.out is None else Path(args.out),
+        fault=args.fault,
+        command="vlmspec " + shlex.join(sys.argv[1:]),
+    )
+    print(report)
 
 
 def _add_frame_options(parser: argparse.ArgumentParser) -> None:
@@ -586,6 +609,23 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--media-timeout", type=_number(float, 0, above=True), default=10.0, help="seconds per download")
     srv.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     srv.set_defaults(run=_serve)
+
+    load = commands.add_parser(
+        "bench-serve",
+        help="concurrent openai clients against vlmspec serve, speculation off, transformers serve and vllm serve",
+    )
+    load.add_argument(
+        "--concurrency", type=_batch_sizes, default=[1, 4, 16, 32], help="clients at once, comma-separated"
+    )
+    load.add_argument("--requests-per-client", type=_number(int, 1), default=2)
+    load.add_argument("--max-tokens", type=_number(int, 2), default=64)
+    load.add_argument("--chats", type=_number(int, 1), default=20, help="distinct chats the requests cycle through")
+    load.add_argument("--batch-size", type=_number(int, 1), default=32, help="the vlmspec servers' --batch-size")
+    load.add_argument("--transformers-cli", help="a `transformers` executable whose `serve` is the peer")
+    load.add_argument("--vllm-cli", help="a `vllm` executable (vLLM's CPU build, its own environment)")
+    load.add_argument("--fault", action="store_true", help="also the fault run: 64 clients, leavers and bad requests")
+    load.add_argument("--out", help="write results.md, results.json and the servers' logs here")
+    load.set_defaults(run=_bench_serve)
     return parser
 
 

@@ -157,7 +157,7 @@ class BatchDecoder:
         yielded as failed and the others go on; a cancelled one is yielded with `RequestCancelled` (with what it
         emitted, if it had joined). `stats` holds the batch's phase times afterwards.
         At `batch_size` 1 each sequence decodes alone: its policy plans as for one sequence (`TreePolicy.plan`), not
-        as a batch's row (`plan_batch`).
+        as a batch's row (`plan_batch`); so does a greedy row whenever it is the only one in flight.
         """
         admission = Admission(requests, batch_size, admit)
         self._alone = batch_size == 1
@@ -393,7 +393,10 @@ class BatchDecoder:
         structure, grown together when they are all SAGE's or all sage-gt's (`draft_adaptive_rows`), else row by row."""
         step_started = time.perf_counter()
         sampling = {row.settings.sampler.do_sample for row in rows}
-        if self._alone:
+        if self._alone or (len(rows) == 1 and True not in sampling):
+            # A row decoding alone plans as one sequence does, also in a batch whose other rows have finished (or not
+            # arrived): a greedy row's tree changes no token. A sampled row in a batch keeps the batch's plan, so that
+            # its seeded draws do not depend on what else happens to be in flight.
             plans = [rows[0].policy.plan()]
         else:
             plans = self.policy.plan_batch([row.policy for row in rows], timed=True not in sampling)

@@ -28,7 +28,7 @@ from ..engine.batch import RowResult
 from ..errors import RequestCancelled, VLMSpecError
 from ..processors.checks import check_context
 from ..processors.inputs import VisualInputs
-from .backends import Backend, Job
+from .backends import Backend, Job, single_threaded_torch
 from .chat import ChatRequest, ServeLimits, model_inputs, parse_chat
 from .errors import APIError
 from .media import MediaFetcher, MediaLimits
@@ -128,7 +128,9 @@ class _Server:
         self.metrics = ServerMetrics()
         self.gate = _Gate(options.max_queue, self.metrics)
         self.fetcher = MediaFetcher(options.media)
-        self.pool = ThreadPoolExecutor(options.media_workers, thread_name_prefix="vlmspec-media")
+        self.pool = ThreadPoolExecutor(
+            options.media_workers, thread_name_prefix="vlmspec-media", initializer=single_threaded_torch
+        )
         self.created = int(time.time())
 
     def authorize(self, request: Request) -> None:

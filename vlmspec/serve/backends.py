@@ -72,6 +72,8 @@ class Backend(Protocol):
 
     def submit(self, prepared: Any) -> None: ...
 
+    def run(self) -> None: ...
+
     def start(self) -> None: ...
 
     def close(self) -> None: ...
@@ -80,16 +82,68 @@ class Backend(Protocol):
     def alive(self) -> bool: ...
 
 
-class SpeculativeBackend:
+class _Looping:
+    """A decoding loop run on the thread that calls `run`, or on a thread of its own (`start`).
+
+    On a CPU, run it on the thread that loaded the models: torch's OpenMP threads belong to the thread that starts
+    parallel work, and once a second thread has its own team the OpenMP threads outnumber the cores, libgomp stops
+    spin-waiting and every small kernel pays a wake-up (measured: the demo pair's speculative decoding 30-50 % slower).
+    Threads that read media therefore run torch on one thread (`single_threaded_torch`).
+    """
+
+    def __init__(self, name: str):
+        self._name = name
+        self._threads = torch.get_num_threads()
+        self._thread: threading.Thread | None = None
+        self._running = threading.Event()
+
+    def _loop(self) -> None:
+        raise NotImplementedError
+
+    def _stop(self) -> None:
+        raise NotImplementedError
+
+    def run(self) -> None:
+        """Decode until `close`, on this thread (with as many torch threads as the thread that made the backend)."""
+        torch.set_num_threads(self._threads)
+        self._running.set()
+        try:
+            self._loop()
+        finally:
+            self._running.clear()
+
+    def start(self) -> None:
+        """Decode until `close`, on a thread of its own."""
+        self._thread = threading.Thread(target=self.run, name=self._name, daemon=True)
+        self._thread.start()
+        self._running.wait()
+
+    def close(self) -> None:
+        """Let the loop finish what it holds and end; waits for it when it runs on its own thread."""
+        self._stop()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    @property
+    def alive(self) -> bool:
+        return self._running.is_set()
+
+
+def single_threaded_torch() -> None:
+    """Run this thread's torch work on the thread alone (no OpenMP team beside the decoding thread's)."""
+    torch.set_num_threads(1)
+
+
+class SpeculativeBackend(_Looping):
     """The pair's engine over `Arrivals`: up to `batch_size` rows in flight, within `kv_budget_gb` if given; each
     request decodes exactly as `generate` would decode it alone."""
 
     def __init__(self, spec: SpeculativeVLM, batch_size: int, kv_budget_gb: float | None = None):
+        super().__init__("vlmspec-decode")
         self.spec = spec
         self.batch_size = batch_size
         self.kv_budget_gb = kv_budget_gb
         self.arrivals: Arrivals[RowRequest] = Arrivals()
-        self._thread = threading.Thread(target=self._loop, name="vlmspec-decode", daemon=True)
         self._open: dict[int, Job] = {}
         self._lock = threading.Lock()
 
@@ -110,16 +164,8 @@ class SpeculativeBackend:
             self._open[id(prepared.key)] = prepared.key
         self.arrivals.put(prepared)
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def close(self) -> None:
+    def _stop(self) -> None:
         self.arrivals.close()
-        self._thread.join()
-
-    @property
-    def alive(self) -> bool:
-        return self._thread.is_alive()
 
     def _loop(self) -> None:
         while True:
@@ -185,12 +231,13 @@ class _BatchRelay:
         pass
 
 
-class PlainBackend:
+class PlainBackend(_Looping):
     """Speculation off: the target's own `generate` over a left-padded batch of the jobs waiting when it starts (up to
     `batch_size`, those with equal arguments; a seeded job runs alone), streamed a token per step. Jobs that arrive
     while a batch runs wait for the next batch."""
 
     def __init__(self, spec: SpeculativeVLM, batch_size: int):
+        super().__init__("vlmspec-plain")
         self.target = spec.target
         self.batch_size = batch_size
         self.adapter = adapter_for(spec.target)
@@ -199,7 +246,6 @@ class PlainBackend:
         self._waiting: deque[Job] = deque()
         self._ready = threading.Condition()
         self._closed = False
-        self._thread = threading.Thread(target=self._loop, name="vlmspec-plain", daemon=True)
 
     def prepare(self, job: Job) -> Job:
         device = self.target.device
@@ -211,18 +257,10 @@ class PlainBackend:
             self._waiting.append(prepared)
             self._ready.notify()
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def close(self) -> None:
+    def _stop(self) -> None:
         with self._ready:
             self._closed = True
             self._ready.notify()
-        self._thread.join()
-
-    @property
-    def alive(self) -> bool:
-        return self._thread.is_alive()
 
     def _next_batch(self) -> list[Job] | None:
         with self._ready:
