@@ -292,3 +292,29 @@ def test_cli_caption_samples_the_released_config_the_same_for_the_same_seed(
     ]
     assert captions[0] != reference(family)[1]
     assert captions[1] == captions[0]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_vlmspec_serve_answers_with_the_targets_own_text(replica_pairs, image_path, reference, family):
+    from openai import OpenAI
+    from serving import RunningServer, data_url
+
+    from vlmspec.serve.app import ServerOptions
+
+    spec = load_pair(*replica_pairs[family], device_map=device_map())
+    running = RunningServer(spec.with_options(), ServerOptions("replica"), batch_size=4)
+    try:
+        client = OpenAI(base_url=running.url, api_key="unused", max_retries=0)
+        image = {"type": "image_url", "image_url": {"url": data_url(image_path, "image")}}
+        messages = [{"role": "user", "content": [image, {"type": "text", "text": PROMPT}]}]
+        greedy = {"temperature": 0} if family in SAMPLING else {}
+        answer = client.chat.completions.create(model="replica", messages=messages, max_tokens=NEW_TOKENS, **greedy)
+        assert answer.choices[0].message.content == reference(family)[1]
+        if family in SAMPLING:
+            first, second = (
+                client.chat.completions.create(model="replica", messages=messages, max_tokens=NEW_TOKENS, seed=3)
+                for _ in range(2)
+            )
+            assert first.choices[0].message.content == second.choices[0].message.content
+    finally:
+        running.close()

