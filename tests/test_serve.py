@@ -247,16 +247,18 @@ def test_with_speculation_off_the_targets_generate_answers_a_batch_exactly(spec,
 
 
 def test_past_max_queue_a_request_is_refused_at_once_with_503(spec):
-    running = RunningServer(spec.with_options(), ServerOptions(NAME, max_queue=2), batch_size=1)
-    body = {"model": NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 200, "n": 2}
+    running = RunningServer(spec.with_options(), ServerOptions(NAME, max_queue=2), batch_size=1, start=False)
+    body = {"model": NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8, "n": 2}
 
     async def run():
         async with httpx.AsyncClient(timeout=120) as http:
             first = asyncio.create_task(http.post(f"{running.url}/chat/completions", json=body))
-            await asyncio.sleep(0.5)
+            while running.app.state.server.gate.waiting < 2:
+                await asyncio.sleep(0.01)
             started = time.perf_counter()
             refused = await http.post(f"{running.url}/chat/completions", json=body)
             waited = time.perf_counter() - started
+            running.app.state.backend.start()
             return await first, refused, waited
 
     try:
