@@ -248,3 +248,55 @@ def test_prompts_of_similar_lengths_joining_together_are_prefilled_in_one_target
     assert shapes[:2] == [(3, image), (1, long)]  # the long prompt would pad the others past the limit
     for key, inputs in items:
         assert torch.equal(results[key], qwen.target.generate(**inputs, do_sample=False, max_new_tokens=8))
+
+
+class Recording:
+    """transformers' streamer protocol, keeping what it is given."""
+
+    def __init__(self):
+        self.puts: list[torch.Tensor] = []
+        self.ended = 0
+
+    def put(self, value: torch.Tensor) -> None:
+        self.puts.append(value)
+
+    def end(self) -> None:
+        self.ended += 1
+
+
+def test_a_group_whose_joint_prefill_fails_is_admitted_alone_and_streamed_once(qwen, monkeypatch):
+    from vlmspec.engine.batch import BatchDecoder
+
+    spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"], "chain")
+    options = {"do_sample": True, "max_new_tokens": 8}
+
+    def run(fail: bool) -> list[tuple[torch.Tensor, Recording]]:
+        prefill_drafts = BatchDecoder._prefill_drafts
+        failures = [fail]
+
+        def failing(self, *args):
+            if failures.pop() if failures else False:
+                raise RuntimeError("out of memory")
+            return prefill_drafts(self, *args)
+
+        monkeypatch.setattr(BatchDecoder, "_prefill_drafts", failing)
+        streamers = [Recording() for _ in range(3)]
+        requests = [
+            spec.prepare(
+                dict(qwen.cases["image"]),
+                key=i,
+                streamer=streamers[i],
+                generator=torch.Generator().manual_seed(i),
+                **options,
+            )
+            for i in range(3)
+        ]
+        results = {r.key: r.sequence for r in spec.decode(requests, batch_size=3)}
+        monkeypatch.setattr(BatchDecoder, "_prefill_drafts", prefill_drafts)
+        return [(results[i], streamers[i]) for i in range(3)]
+
+    for (sequence, streamer), (alone, _) in zip(run(fail=True), run(fail=False), strict=True):
+        prompt = qwen.cases["image"]["input_ids"]
+        assert torch.equal(streamer.puts[0], prompt) and all(p.ndim == 1 for p in streamer.puts[1:])
+        assert torch.equal(torch.cat(streamer.puts[1:]), sequence[0, prompt.shape[1] :]) and streamer.ended == 1
+        assert torch.equal(sequence, alone)

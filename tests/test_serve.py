@@ -193,23 +193,52 @@ def test_n_choices_each_decode_the_chat(client, spec):
     assert answer.usage.completion_tokens == 3 * TOKENS
 
 
+def metric(server, pattern: str) -> float:
+    found = re.search(pattern, httpx.get(f"{server.base}/metrics").text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
 def rows_in_flight(server) -> float:
-    metrics = httpx.get(f"{server.base}/metrics").text
-    return float(re.search(r"^vlmspec_rows_in_flight (\S+)$", metrics, re.M).group(1))
+    return metric(server, r"^vlmspec_rows_in_flight (\S+)$")
 
 
-def test_a_client_that_disconnects_mid_stream_frees_its_row(server, client):
-    stream = ask(client, [{"role": "user", "content": "Write a long story."}], max_tokens=400, stream=True)
-    for _ in range(3):
-        next(stream)
-    assert rows_in_flight(server) == 1
-    stream.close()
+def cancelled(server) -> float:
+    return metric(server, r'^vlmspec_requests_total\{outcome="cancelled"\} (\S+)$')
+
+
+@pytest.fixture
+def slow_steps(spec):
+    """Every target forward takes 50 ms longer, so an answer takes seconds and a client can leave in the middle."""
+    hook = spec.target.register_forward_pre_hook(lambda *_: time.sleep(0.05))
+    yield
+    hook.remove()
+
+
+def wait_for_no_rows(server) -> None:
     deadline = time.monotonic() + 30
     while rows_in_flight(server) != 0 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert rows_in_flight(server) == 0
-    metrics = httpx.get(f"{server.base}/metrics").text
-    assert 'vlmspec_requests_total{outcome="cancelled"}' in metrics
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_row(server, client, slow_steps):
+    before = cancelled(server)
+    stream = ask(client, [{"role": "user", "content": "Tell a story."}], max_tokens=400, stream=True)
+    for _ in range(3):
+        next(stream)
+    assert rows_in_flight(server) == 1
+    stream.close()
+    wait_for_no_rows(server)
+    assert cancelled(server) == before + 1
+
+
+def test_a_client_that_leaves_before_a_whole_answer_frees_its_row(server, slow_steps):
+    before = cancelled(server)
+    body = {"model": NAME, "messages": [{"role": "user", "content": "Tell a story."}], "max_tokens": 400}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.url}/chat/completions", json={**body, "temperature": 0}, timeout=0.6)
+    wait_for_no_rows(server)
+    assert cancelled(server) == before + 1
 
 
 def test_health_and_metrics_report_the_server(server, client):
@@ -246,20 +275,21 @@ def test_with_speculation_off_the_targets_generate_answers_a_batch_exactly(spec,
         running.close()
 
 
-def test_past_max_queue_a_request_is_refused_at_once_with_503(spec):
-    running = RunningServer(spec.with_options(), ServerOptions(NAME, max_queue=2), batch_size=1, start=False)
-    body = {"model": NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8, "n": 2}
+def test_past_max_queue_a_request_is_refused_at_once_with_503(spec, slow_steps):
+    running = RunningServer(spec.with_options(), ServerOptions(NAME, max_queue=2), batch_size=1)
+    body = {"model": NAME, "messages": [{"role": "user", "content": "Tell a story."}], "max_tokens": 400, "n": 2}
+    gate = running.app.state.server.gate
 
     async def run():
         async with httpx.AsyncClient(timeout=120) as http:
             first = asyncio.create_task(http.post(f"{running.url}/chat/completions", json=body))
-            while running.app.state.server.gate.waiting < 2:
+            deadline = time.monotonic() + 30
+            # One choice decodes in the only row (each step slowed), the other waits for it.
+            while not (gate.waiting == 1 and rows_in_flight(running) == 1) and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
             started = time.perf_counter()
             refused = await http.post(f"{running.url}/chat/completions", json=body)
-            waited = time.perf_counter() - started
-            running.app.state.backend.start()
-            return await first, refused, waited
+            return await first, refused, time.perf_counter() - started
 
     try:
         answered, refused, waited = asyncio.run(run())

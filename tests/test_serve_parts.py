@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from transformers import AutoTokenizer
 
+from vlmspec.demo_models import demo_pair
 from vlmspec.serve.app import _Gate
 from vlmspec.serve.chat import ServeLimits, parse_chat
 from vlmspec.serve.errors import APIError
@@ -45,10 +47,21 @@ def test_held_back_text_that_is_no_stop_is_sent_at_the_end():
     assert stream.finish() == "" and not stream.stopped
 
 
-def test_a_character_split_across_tokens_waits_until_it_is_whole():
+def test_text_ending_inside_a_character_waits_for_the_tokens_that_complete_it():
     stream = TextStream(Characters(), [])
-    assert stream.feed(ids("ok") + [0xFFFD]) == "ok"
-    assert stream.feed(ids("!")) == "\ufffd!"
+    assert stream.feed(ids("ok") + [0xFFFD]) == ""
+    assert stream.feed(ids("!")) == "ok\ufffd!"
+
+
+@pytest.mark.skipif(demo_pair() is None, reason="the bundled demo pair is not installed")
+def test_streamed_pieces_of_a_real_tokenizer_join_into_its_whole_decoding():
+    tokenizer = AutoTokenizer.from_pretrained(demo_pair()[0])
+    text = "We see a red triangle: héllo wörld ✓ 日本語, then more words."
+    tokens = tokenizer(text, add_special_tokens=False)["input_ids"]
+    stream = TextStream(tokenizer, [])
+    pieces = [stream.feed([token]) for token in tokens] + [stream.finish()]
+    assert "".join(pieces) == tokenizer.decode(tokens, skip_special_tokens=True)
+    assert all("\ufffd" not in piece for piece in pieces)
 
 
 def test_a_chat_becomes_template_messages_with_media_in_place():

@@ -330,8 +330,13 @@ def _serve(args: argparse.Namespace) -> None:
         api_key=args.api_key or os.environ.get("VLMSPEC_API_KEY") or None,
         max_queue=args.max_queue,
         max_body_bytes=int(args.max_body_mb * 1e6),
-        limits=ServeLimits(args.max_images, args.max_frames, args.max_n, args.default_max_tokens),
-        media=MediaLimits(args.allowed_local_media_path, int(args.max_media_mb * 1e6), args.media_timeout),
+        limits=ServeLimits(args.max_images, args.max_videos, args.max_frames, args.max_n, args.default_max_tokens),
+        media=MediaLimits(
+            args.allowed_local_media_path,
+            int(args.max_media_mb * 1e6),
+            args.media_timeout,
+            None if args.allowed_media_domains is None else frozenset(d.lower() for d in args.allowed_media_domains),
+        ),
     )
     app = build_app(
         spec,
@@ -600,7 +605,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="off: the target's own generate over the requests waiting (a baseline to compare with)",
     )
     srv.add_argument("--allowed-local-media-path", help="the folder file:// media URLs may name (default: none)")
+    srv.add_argument(
+        "--allowed-media-domains",
+        nargs="+",
+        metavar="HOST",
+        help="the only hosts http(s) media URLs may name, redirects not followed (default: any host)",
+    )
     srv.add_argument("--max-images", type=_number(int, 1), default=32, help="images per request at most")
+    srv.add_argument("--max-videos", type=_number(int, 1), default=4, help="videos per request at most")
     srv.add_argument("--max-frames", type=_number(int, 1), default=64, help="frames sampled per video at most")
     srv.add_argument("--max-n", type=_number(int, 1), default=8, help="choices (n) per request at most")
     srv.add_argument("--default-max-tokens", type=_number(int, 1), default=256, help="when a request gives none")

@@ -306,6 +306,9 @@ class SpeculativeVLM:
         fails with `MemoryBudgetError` naming the option.
         """
 
+        if kwargs.get("streamer") is not None:
+            raise ValueError("a streamer follows one sequence: stream() decodes many; use generate() for one")
+
         def requests() -> Iterator[RowRequest]:
             for key, item, *options in inputs:
                 own = {**kwargs, **(options[0] if options else {})}
@@ -335,6 +338,8 @@ class SpeculativeVLM:
         """One prompt (the processor's output for it) made ready to `decode` as `generate(**inputs, **kwargs)` would
         decode it; raises what `generate` would raise for it. `streamer` follows its tokens, `cancel` (set from any
         thread) frees its row at the next step, and `kv_budget_gb` refuses a prompt that alone would exceed it."""
+        self._target_runner.refresh()
+        self._draft_runner.refresh()
         device, draft_device = self._target_runner.device, self._draft_runner.device
         keys = self._target_runner.adapter.input_keys
         row = _to_device({k: inputs[k] for k in keys if inputs.get(k) is not None}, device)

@@ -101,10 +101,10 @@ class _Row:
     """A sequence in flight: its request, emitted tokens, policy state, drafter and the tokens the draft has not
     seen yet."""
 
-    def __init__(self, request: RowRequest, policy: TreePolicy, drafter: Drafter):
+    def __init__(self, request: RowRequest, policy: TreePolicy, drafter: Drafter, streaming: bool = True):
         self.request = request
         self.settings = request.settings
-        self.sink = TokenSink(request.prompt, request.settings, request.streamer)
+        self.sink = TokenSink(request.prompt, request.settings, request.streamer if streaming else None)
         self.policy = policy
         self.drafter = drafter
         self.stats = SpecStats()
@@ -248,12 +248,22 @@ class BatchDecoder:
             distinct = len({id(r.target_inputs) for r in group}) == len(group)
             if len(group) > 1 and distinct and all(r.settings.max_new_tokens > 0 for r in group):
                 before = target.cache.rows
+                generators = [r.settings.sampler.generator for r in group]
+                states = [None if g is None else g.get_state() for g in generators]
                 try:
-                    admitted += self._admit_together(group, target, draft)
-                    continue
+                    together = self._admit_together(group, target, draft)
                 except Exception:  # noqa: BLE001 - inputs that cannot share a forward are prefilled one by one
                     target.discard(before)
                     draft.discard(before)
+                    # Their first tokens are drawn again alone: from where their generators stood.
+                    for generator, state in zip(generators, states, strict=True):
+                        if generator is not None:
+                            generator.set_state(state)
+                else:
+                    for _, row in together:
+                        row.sink.follow(row.request.streamer)
+                    admitted += together
+                    continue
             alone += group
         for request in alone:
             rows = target.cache.rows
@@ -290,7 +300,9 @@ class BatchDecoder:
         seconds = (time.perf_counter() - started) / len(requests)
         admitted, going_on = [], []
         for b, request in enumerate(requests):
-            row = _Row(request, self.policy.for_row(), Drafter(draft, self.vocab_limit, self.draft_input_limit))
+            # Streamers follow the rows once the group is in (a failed group is admitted again one by one).
+            drafter = Drafter(draft, self.vocab_limit, self.draft_input_limit)
+            row = _Row(request, self.policy.for_row(), drafter, streaming=False)
             scored = 0.0 if scorers[b] is None else scorers[b].seconds
             row.stats.phase_seconds["target_prefill"] += seconds - scored
             row.stats.phase_seconds["pruning"] += scored

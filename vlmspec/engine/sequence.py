@@ -188,6 +188,15 @@ class TokenSink:
         if self.streamer is not None and tokens.shape[0]:
             self.streamer.put(tokens.cpu())
 
+    def follow(self, streamer: Any) -> None:
+        """Let `streamer` follow the sequence from now on, given the prompt and the tokens emitted so far first."""
+        self.streamer = streamer
+        if streamer is None:
+            return
+        streamer.put(self.buffer[:, : self.prompt_length].cpu())
+        if self.new_tokens:
+            streamer.put(self.sequence[0, self.prompt_length :].cpu())
+
     def close(self) -> None:
         if self.streamer is not None:
             self.streamer.end()

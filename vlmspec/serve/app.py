@@ -23,6 +23,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine.batch import RowResult
 from ..errors import RequestCancelled, VLMSpecError
@@ -34,6 +35,9 @@ from .errors import APIError
 from .media import MediaFetcher, MediaLimits
 from .metrics import ServerMetrics
 from .text import TextStream
+
+#: Seconds between checks that a client waiting for a whole answer is still there.
+DISCONNECT_POLL = 0.2
 
 
 @dataclass
@@ -96,15 +100,21 @@ class _Choice:
         self._leave_gate()
         self.app.metrics.rows_in_flight.inc()
 
+    def _deliver(self, event: list[int] | RowResult) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, (self.index, event))
+        except RuntimeError:  # the event loop has closed (the server is shutting down): nobody waits for it
+            pass
+
     def tokens(self, ids: list[int]) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, (self.index, ids))
+        self._deliver(ids)
 
     def finished(self, result: RowResult) -> None:
         if self.started:
             self.app.metrics.rows_in_flight.dec()
         self._leave_gate()
         self.app.metrics.sequence_finished(result.stats)
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, (self.index, result))
+        self._deliver(result)
 
 
 class _Server:
@@ -158,7 +168,7 @@ class _Server:
                 )
         try:
             return json.loads(data)
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as error:
             raise APIError(400, f"the request body is not valid JSON ({error})", code="invalid_json") from error
 
     def _prepare(
@@ -210,6 +220,10 @@ def create_app(
     async def _api_error(request: Request, error: APIError) -> JSONResponse:
         return JSONResponse(error.body(), status_code=error.status)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(APIError(error.status_code, str(error.detail)).body(), status_code=error.status_code)
+
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, error: Exception) -> JSONResponse:
         return JSONResponse(APIError(500, f"internal error: {type(error).__name__}: {error}").body(), status_code=500)
@@ -252,6 +266,10 @@ def create_app(
                 "model",
                 "model_not_found",
             )
+        if not backend.alive:
+            raise APIError(503, "the decoding loop is not running", code="unavailable")
+        if chat.n > options.max_queue:
+            raise APIError(400, f"n={chat.n} is more than this server queues ({options.max_queue})", "n")
         if not server.gate.enter(chat.n):
             server.metrics.requests.labels("rejected").inc()
             raise APIError(503, "the server is at its queue limit (--max-queue); retry later", code="overloaded")
@@ -357,17 +375,24 @@ class _Answer:
             metrics.prompt_tokens.inc(usage["prompt_tokens"])
             metrics.completion_tokens.inc(usage["completion_tokens"])
 
+    async def _watch(self, request: Request) -> None:
+        """Cancel the choices once the client has gone away."""
+        while not await request.is_disconnected():
+            await asyncio.sleep(DISCONNECT_POLL)
+        self.cancel()
+
     async def whole(self, request: Request) -> Response:
         """Wait for every choice (cancelling them if the client goes away), then answer at once."""
-        while len(self.results) < len(self.jobs):
-            try:
-                index, event = await asyncio.wait_for(self._next(), timeout=0.5)
-            except asyncio.TimeoutError:
-                if await request.is_disconnected():
-                    self.cancel()
-                continue
-            if isinstance(event, RowResult):
-                self.results[index] = event
+        watcher = asyncio.create_task(self._watch(request))
+        try:
+            while len(self.results) < len(self.jobs):
+                index, event = await self._next()
+                if isinstance(event, RowResult):
+                    self.results[index] = event
+        finally:
+            watcher.cancel()
+            if len(self.results) < len(self.jobs):
+                self.cancel()
         self._book()
         failure = self._failure()
         if failure is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -21,6 +22,9 @@ from ..errors import RequestCancelled
 from ..speculative import SpeculativeVLM
 
 log = logging.getLogger("vlmspec.serve")
+
+#: Failures in a row after which the decoding loop fails the requests waiting too, not only those it held.
+RESTARTS = 3
 
 
 class JobEvents(Protocol):
@@ -50,18 +54,19 @@ class Job:
 
 
 class _Relay:
-    """transformers' streamer protocol for one job: the first `put` is the prompt (the row joined), then new ids."""
+    """transformers' streamer protocol for one job: the prompt `(1, P)` when its row joins, then new ids `(k,)`."""
 
     def __init__(self, events: JobEvents):
         self.events = events
         self.started = False
 
     def put(self, value: torch.Tensor) -> None:
-        if not self.started:
-            self.started = True
-            self.events.joined()
+        if value.ndim == 2:
+            if not self.started:
+                self.started = True
+                self.events.joined()
             return
-        self.events.tokens(value.reshape(-1).tolist())
+        self.events.tokens(value.tolist())
 
     def end(self) -> None:
         pass
@@ -162,36 +167,51 @@ class SpeculativeBackend(_Looping):
     def submit(self, prepared: RowRequest) -> None:
         with self._lock:
             self._open[id(prepared.key)] = prepared.key
-        self.arrivals.put(prepared)
+            self.arrivals.put(prepared)
 
     def _stop(self) -> None:
         self.arrivals.close()
 
     def _loop(self) -> None:
+        failures = 0
         while True:
             try:
                 for result in self.spec.decode(self.arrivals, self.batch_size, kv_budget_gb=self.kv_budget_gb):
+                    failures = 0
                     with self._lock:
                         self._open.pop(id(result.key), None)
                     result.key.events.finished(result)
-                return
+                break
             except Exception as error:  # noqa: BLE001 - the loop outlives a failing batch; its rows fail, not the server
+                failures += 1
                 log.exception("the decoding loop failed; the rows it held are failed and it starts again")
-                self._fail_taken(error)
+                closed = self._fail_taken(error, everything=failures >= RESTARTS)
+                if closed:
+                    break
+                time.sleep(min(5.0, 0.1 * 2**failures))
+        self._fail_taken(RuntimeError("the server is shutting down"), everything=True)
 
-    def _fail_taken(self, error: Exception) -> None:
-        """Fail every job the failed loop had taken; those still waiting in `arrivals` decode when it starts again."""
-        waiting = []
-        while (request := self.arrivals.take(wait=False)) is not None:
-            waiting.append(request)
+    def _fail_taken(self, error: Exception, everything: bool = False) -> bool:
+        """Fail every job the failed loop had taken (with `everything`, the waiting ones too; after repeated failures
+        nothing is kept waiting for a loop that keeps failing); the others decode when it starts again. Returns
+        whether `arrivals` was closed."""
+        waiting, closed = [], False
         with self._lock:
-            kept = {id(request.key) for request in waiting}
+            try:
+                while (request := self.arrivals.take(wait=False)) is not None:
+                    waiting.append(request)
+            except StopIteration:
+                closed = True
+            kept = set() if everything else {id(request.key) for request in waiting}
             lost = [job for key, job in self._open.items() if key not in kept]
             self._open = {key: job for key, job in self._open.items() if key in kept}
-        for request in waiting:
-            self.arrivals.put(request)
+            for request in waiting if not everything else []:
+                self.arrivals.put(request)
+            if closed:
+                self.arrivals.close()
         for job in lost:
             job.events.finished(RowResult(job, None, None, error))
+        return closed
 
 
 class _CancelledRows(StoppingCriteria):
@@ -286,7 +306,10 @@ class PlainBackend(_Looping):
                 if job.cancel.is_set():
                     job.events.finished(RowResult(job, None, None, RequestCancelled("cancelled before it ran")))
             if live:
-                self._run(live)
+                try:
+                    self._run(live)
+                except Exception:  # noqa: BLE001 - a batch that fails to deliver fails alone, not the loop
+                    log.exception("a plain batch failed")
 
     @torch.inference_mode()
     def _run(self, jobs: list[Job]) -> None:
@@ -311,10 +334,13 @@ class PlainBackend(_Looping):
                 job.events.finished(RowResult(job, None, None, error))
             return
         length = inputs["input_ids"].shape[1]
+        pad = self.target.generation_config.pad_token_id
         for b, job in enumerate(jobs):
             new = sequences[b, length:].tolist()
             ends = [i for i, token in enumerate(new) if token in eos]
             new = new[: ends[0] + 1] if ends else new
+            while not ends and len(jobs) > 1 and new and new[-1] == pad and pad not in eos:
+                new.pop()  # a row stopped by a stop string is padded while the others go on
             prompt = job.inputs["input_ids"]
             sequence = torch.cat([prompt.cpu(), torch.tensor([new], dtype=prompt.dtype)], dim=1)
             error = RequestCancelled("its caller cancelled it") if job.cancel.is_set() else None

@@ -29,16 +29,18 @@ _REFUSED = {
     "presence_penalty": (None, 0, 0.0),
     "best_of": (None, 1),
     "use_beam_search": (None, False),
+    "response_format": (None, {"type": "text"}),
 }
 _ROLES = ("system", "user", "assistant", "developer")
 
 
 @dataclass
 class ServeLimits:
-    """What one request may ask for: images (video frames sent as images count too), frames of each video, and
-    choices (`n`)."""
+    """What one request may ask for: images (video frames sent as images count too), videos, frames of each video,
+    choices (`n`), and new tokens when it names none."""
 
     max_images: int = 32
+    max_videos: int = 4
     max_frames: int = 64
     max_n: int = 8
     default_max_tokens: int = 256
@@ -108,8 +110,8 @@ def parse_chat(body: Any, limits: ServeLimits, config_max_new_tokens: int | None
     if not isinstance(stream, bool) and stream is not None:
         raise APIError(400, "stream must be true or false", "stream")
     stream_options = body.get("stream_options") or {}
-    if not isinstance(stream_options, dict):
-        raise APIError(400, "stream_options must be an object", "stream_options")
+    if not isinstance(stream_options, dict) or not isinstance(stream_options.get("include_usage", False), bool):
+        raise APIError(400, "stream_options must be an object whose include_usage is true or false", "stream_options")
     num_frames = _integer(body, "num_frames", 1)
     fps = _number(body, "fps", 0.0, math.inf)
     if fps == 0:
@@ -171,7 +173,12 @@ def _messages(messages: Any, limits: ServeLimits) -> tuple[list[dict[str, Any]],
         raise APIError(400, "the last message must not be the assistant's: there is nothing to answer", "messages")
     if not any(m["role"] == "user" for m in out):
         raise APIError(400, "`messages` has no user message", "messages")
-    images = sum(kind == "image" for kind, _, _ in media)
+    videos = sum(kind == "video" for kind, _, _ in media)
+    if videos > limits.max_videos:
+        raise APIError(
+            400, f"{videos} videos in one request; this server takes {limits.max_videos} at most", "messages"
+        )
+    images = len(media) - videos
     if images > limits.max_images:
         raise APIError(
             400, f"{images} images in one request; this server takes at most {limits.max_images}", "messages"
@@ -239,5 +246,5 @@ def model_inputs(
         raise APIError(400, f"the model's chat template refuses these messages ({error})", "messages") from error
     try:
         return dict(processor(text, images=images, videos=videos))
-    except ValueError as error:
+    except Exception as error:  # noqa: BLE001 - what the processor cannot take is the request's problem
         raise APIError(400, f"the model's processor refuses the media ({error})", "messages") from error

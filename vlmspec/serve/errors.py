@@ -5,15 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "invalid_request_error",
-    503: "service_unavailable_error",
-}
-
 
 class APIError(Exception):
     """A request the server refuses: `status` (HTTP), a message naming the problem, the request field it concerns
@@ -27,5 +18,6 @@ class APIError(Exception):
         self.code = code
 
     def body(self) -> dict[str, Any]:
-        kind = _TYPES.get(self.status, "internal_server_error" if self.status >= 500 else "invalid_request_error")
+        # OpenAI's API calls every refusal of a request an `invalid_request_error`, and its own failures `server_error`.
+        kind = "server_error" if self.status >= 500 else "invalid_request_error"
         return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}

@@ -7,6 +7,7 @@ import base64
 import binascii
 import os
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -21,11 +22,13 @@ from .errors import APIError
 @dataclass
 class MediaLimits:
     """Where media may come from and how much of it: `allowed_local` is the folder `file://` URLs may name (None:
-    none), `max_bytes` caps one fetched or inlined medium, `timeout` one download in seconds."""
+    none), `max_bytes` caps one fetched or inlined medium, `timeout` one whole download in seconds, and
+    `allowed_domains` the hosts http(s) URLs may name (None: any; redirects are then not followed)."""
 
     allowed_local: Path | None = None
     max_bytes: int = 50_000_000
     timeout: float = 10.0
+    allowed_domains: frozenset[str] | None = None
 
 
 class MediaFetcher:
@@ -76,7 +79,10 @@ class MediaFetcher:
         """The medium's bytes (inlined or downloaded) or its allowed local path."""
         if not isinstance(url, str) or not url:
             raise APIError(400, f"{param} must be a non-empty URL string", param=param)
-        scheme = urlparse(url).scheme.lower()
+        try:
+            scheme = urlparse(url).scheme.lower()
+        except ValueError as error:
+            raise APIError(400, f"{param}: not a URL ({error})", param=param) from error
         if scheme == "data":
             return self._inline(url, param)
         if scheme in ("http", "https"):
@@ -101,17 +107,22 @@ class MediaFetcher:
     def _download(self, url: str, param: str) -> bytes:
         import httpx
 
-        limit = self.limits.max_bytes
+        limit, allowed = self.limits.max_bytes, self.limits.allowed_domains
+        if allowed is not None and (urlparse(url).hostname or "").lower() not in allowed:
+            raise APIError(403, f"{param}: {urlparse(url).hostname} is not an allowed media domain", param=param)
+        deadline = time.monotonic() + self.limits.timeout
         try:
-            with httpx.stream("GET", url, timeout=self.limits.timeout, follow_redirects=True) as response:
+            with httpx.stream("GET", url, timeout=self.limits.timeout, follow_redirects=allowed is None) as response:
                 response.raise_for_status()
                 body = bytearray()
                 for chunk in response.iter_bytes():
                     body += chunk
                     if len(body) > limit:
                         raise APIError(400, f"{param}: {url} is larger than {limit} bytes", param=param)
+                    if time.monotonic() > deadline:
+                        raise APIError(400, f"{param}: {url} took longer than {self.limits.timeout:g} s", param=param)
                 return bytes(body)
-        except httpx.HTTPError as error:
+        except (httpx.HTTPError, httpx.InvalidURL, ValueError) as error:
             raise APIError(400, f"{param}: could not fetch {url} ({_reason(error)})", param=param) from error
 
     def _local(self, url: str, param: str) -> Path:
@@ -124,7 +135,10 @@ class MediaFetcher:
         parsed = urlparse(url)
         if parsed.netloc not in ("", "localhost"):
             raise APIError(400, f"{param}: a file:// URL must name a local path", param=param)
-        path = Path(os.path.realpath(unquote(parsed.path)))
+        try:
+            path = Path(os.path.realpath(unquote(parsed.path)))
+        except ValueError as error:
+            raise APIError(400, f"{param}: not a usable path ({error})", param=param) from error
         if not path.is_relative_to(self._root):
             raise APIError(403, f"{param}: {unquote(parsed.path)} is outside the allowed media folder", param=param)
         if not path.is_file():

@@ -1,6 +1,7 @@
-"""A choice's text as its tokens arrive: decoded whole each time (so multi-byte characters split across tokens come
-out whole), cut at the first stop string (OpenAI's answers leave it out), and held back at the end while it could be
-the beginning of a stop string or of a character."""
+"""A choice's text as its tokens arrive, decoded incrementally: each new piece is the text of a short window of recent
+tokens less the text of its start (the window gives the tokenizer the context a leading space or a merge depends
+on), and a piece ending in an incomplete character waits for the tokens that complete it. The text is cut at the
+first stop string (OpenAI's answers leave it out) and held back at its end while it could be the beginning of one."""
 
 from __future__ import annotations
 
@@ -14,20 +15,30 @@ class TextStream:
         self.tokenizer = tokenizer
         self.stops = stops
         self.ids: list[int] = []
+        self.text = ""
         self.sent = 0
         self.stopped = False
+        self._prefix = 0
+        self._read = 0
+
+    def _decode(self, final: bool) -> None:
+        """Extend `text` with the tokens not read yet, unless they end inside a character (and this is not the end)."""
+        start = self.tokenizer.decode(self.ids[self._prefix : self._read], skip_special_tokens=True)
+        window = self.tokenizer.decode(self.ids[self._prefix :], skip_special_tokens=True)
+        if len(window) > len(start) and (final or not window.endswith("\ufffd")):
+            self.text += window[len(start) :]
+            self._prefix, self._read = self._read, len(self.ids)
 
     def _visible(self, final: bool) -> str:
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        cuts = [i for i in (text.find(s) for s in self.stops) if i >= 0]
+        self._decode(final)
+        cuts = [i for i in (self.text.find(s, max(0, self.sent - len(s))) for s in self.stops) if i >= 0]
         if cuts:
             self.stopped = True
-            return text[: min(cuts)]
+            return self.text[: min(cuts)]
         if final:
-            return text
-        text = text.rstrip("\ufffd")
-        held = max((k for s in self.stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
-        return text[: max(self.sent, len(text) - held)]
+            return self.text
+        held = max((k for s in self.stops for k in range(1, len(s)) if self.text.endswith(s[:k])), default=0)
+        return self.text[: max(self.sent, len(self.text) - held)]
 
     def feed(self, ids: list[int]) -> str:
         if self.stopped:
