@@ -198,3 +198,29 @@ def test_a_file_url_must_name_this_machine(folders):
     fetcher = MediaFetcher(MediaLimits(allowed_local=Path(folders[0])))
     with pytest.raises(APIError, match="local path"):
         fetcher.image("file://example.com/photo.png", "url")
+
+
+def test_a_host_outside_the_allowed_media_domains_is_forbidden():
+    fetcher = MediaFetcher(MediaLimits(allowed_domains=frozenset({"images.example.com"})))
+    with pytest.raises(APIError, match="not an allowed media domain") as caught:
+        fetcher.image("http://169.254.169.254/latest/meta-data", "url")
+    assert caught.value.status == 403
+
+
+def test_an_unparseable_url_is_bad_input_not_a_server_error():
+    fetcher = MediaFetcher(MediaLimits(allowed_local=Path("/tmp")))
+    for url in ("http://[::1/x", "file:///tmp/a%00b.png"):
+        with pytest.raises(APIError) as caught:
+            fetcher.image(url, "url")
+        assert caught.value.status == 400
+
+
+def test_too_many_videos_are_refused(server):
+    video = {"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}}
+    message = refused(post(server, chat(*[video] * 5)), 400, param="messages")
+    assert "5 videos" in message
+
+
+def test_an_unknown_route_gets_the_error_object(server):
+    response = httpx.get(f"{server.url}/completions/nowhere")
+    assert response.status_code == 404 and set(response.json()["error"]) == {"message", "type", "param", "code"}
