@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
 import uvicorn
 
-from vlmspec.processors import load_image, load_video
+from vlmspec.eval.serve_bench import Chat, references
+from vlmspec.processors import load_image
 from vlmspec.serve.app import ServerOptions
 from vlmspec.serve.launch import build_app
 from vlmspec.speculative import SpeculativeVLM
@@ -91,16 +91,9 @@ def with_path(part: dict[str, Any], path: Path | str) -> dict[str, Any]:
     return {**part, "path": path}
 
 
-def reference(spec: SpeculativeVLM, messages: list[dict[str, Any]], max_new_tokens: int, **options: Any) -> str:
-    """The target's own `generate` on the chat: its processor on the template's text and the decoded media (videos
-    sampled by the family's rule, up to the server's default of 64 frames)."""
-    processor = spec.processor
+def reference(spec: SpeculativeVLM, messages: list[dict[str, Any]], max_new_tokens: int) -> str:
+    """The target's own greedy `generate` on the chat (the load bench's reference: its processor on the template's
+    text and the decoded media, videos sampled by the family's rule up to the server's default of 64 frames)."""
     chat, images, videos = template_messages(messages)
-    clips = [
-        load_video(v, sampling=processor.frame_sampling, max_frames=64).padded(processor.min_video_frames)
-        for v in videos
-    ]
-    inputs = processor(processor.apply_chat_template(chat), images=[load_image(i) for i in images], videos=clips)
-    with torch.inference_mode():
-        ids = spec.target.generate(**inputs, max_new_tokens=max_new_tokens, **options)
-    return processor.tokenizer.decode(ids[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+    item = Chat("test", messages, chat, [load_image(i) for i in images], [str(v) for v in videos])
+    return references(spec, [item], max_new_tokens)[0]

@@ -82,14 +82,14 @@ def test_models_lists_the_served_name_and_its_context(client):
 def test_a_text_chat_is_the_targets_own_greedy_answer(client, spec):
     messages = [{"role": "user", "content": "Describe a red square."}]
     answer = ask(client, messages)
-    assert answer.choices[0].message.content == reference(spec, messages, TOKENS, do_sample=False)
+    assert answer.choices[0].message.content == reference(spec, messages, TOKENS)
     assert answer.choices[0].finish_reason in ("stop", "length") and answer.object == "chat.completion"
 
 
 def test_an_image_data_url_is_the_targets_own_greedy_answer(client, spec, media):
     messages = user(image(media["image"]), text("Describe the image."))
     answer = ask(client, messages)
-    assert answer.choices[0].message.content == reference(spec, messages, TOKENS, do_sample=False)
+    assert answer.choices[0].message.content == reference(spec, messages, TOKENS)
     usage = answer.usage
     assert usage.completion_tokens == TOKENS and usage.total_tokens == usage.prompt_tokens + TOKENS
     speculation = answer.model_extra["vlmspec"]
@@ -98,13 +98,13 @@ def test_an_image_data_url_is_the_targets_own_greedy_answer(client, spec, media)
 
 def test_a_video_url_is_sampled_by_the_familys_rule_and_answered_exactly(client, spec, media):
     messages = user(video(media["video"]), text("Describe the video."))
-    assert ask(client, messages).choices[0].message.content == reference(spec, messages, TOKENS, do_sample=False)
+    assert ask(client, messages).choices[0].message.content == reference(spec, messages, TOKENS)
 
 
 def test_a_video_sent_as_image_frames_anywhere_in_the_text_is_answered_exactly(client, spec, media):
     frames = [image(p) for p in media["photos"]]
     messages = user(text("Frames:"), *frames[:2], text("and then"), *frames[2:], text("What changes?"))
-    assert ask(client, messages).choices[0].message.content == reference(spec, messages, TOKENS, do_sample=False)
+    assert ask(client, messages).choices[0].message.content == reference(spec, messages, TOKENS)
 
 
 def test_system_and_earlier_turns_go_through_the_chat_template(client, spec, media):
@@ -114,7 +114,7 @@ def test_system_and_earlier_turns_go_through_the_chat_template(client, spec, med
         {"role": "assistant", "content": "Coloured shapes."},
         {"role": "user", "content": "Which colours?"},
     ]
-    assert ask(client, messages).choices[0].message.content == reference(spec, messages, TOKENS, do_sample=False)
+    assert ask(client, messages).choices[0].message.content == reference(spec, messages, TOKENS)
 
 
 def test_a_streamed_answer_is_the_same_text_with_usage_last(client, spec, media):
@@ -122,7 +122,7 @@ def test_a_streamed_answer_is_the_same_text_with_usage_last(client, spec, media)
     chunks = list(ask(client, messages, stream=True, stream_options={"include_usage": True}))
     assert chunks[0].choices[0].delta.role == "assistant"
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert streamed == reference(spec, messages, TOKENS, do_sample=False)
+    assert streamed == reference(spec, messages, TOKENS)
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == TOKENS
 
@@ -161,7 +161,7 @@ def test_32_concurrent_async_requests_of_mixed_media_each_get_their_own_greedy_a
 
     answers = asyncio.run(run_all())
     for chat, length, answer in zip(chats, lengths, answers, strict=True):
-        assert answer.choices[0].message.content == reference(spec, chat, length, do_sample=False)
+        assert answer.choices[0].message.content == reference(spec, chat, length)
 
 
 def test_a_seeded_sampled_request_gives_the_same_answer_every_time(client):
@@ -175,7 +175,7 @@ def test_a_seeded_sampled_request_gives_the_same_answer_every_time(client):
 
 def test_a_stop_string_ends_the_answer_before_it(client, spec, media):
     messages = user(image(media["image"]), text("Describe the image."))
-    full = reference(spec, messages, TOKENS, do_sample=False)
+    full = reference(spec, messages, TOKENS)
     stop = full.split()[3]
     answer = ask(client, messages, stop=[stop])
     assert answer.choices[0].message.content == full[: full.index(stop)]
@@ -187,7 +187,7 @@ def test_a_stop_string_ends_the_answer_before_it(client, spec, media):
 def test_n_choices_each_decode_the_chat(client, spec):
     messages = [{"role": "user", "content": "Describe a circle."}]
     answer = ask(client, messages, n=3)
-    expected = reference(spec, messages, TOKENS, do_sample=False)
+    expected = reference(spec, messages, TOKENS)
     assert [c.index for c in answer.choices] == [0, 1, 2]
     assert all(c.message.content == expected for c in answer.choices)
     assert answer.usage.completion_tokens == 3 * TOKENS
@@ -270,7 +270,7 @@ def test_with_speculation_off_the_targets_generate_answers_a_batch_exactly(spec,
             return await asyncio.gather(*calls)
 
         for chat, answer in zip(chats, asyncio.run(run_all()), strict=True):
-            assert answer.choices[0].message.content == reference(spec, chat, TOKENS, do_sample=False)
+            assert answer.choices[0].message.content == reference(spec, chat, TOKENS)
     finally:
         running.close()
 
