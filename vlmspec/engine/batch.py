@@ -169,7 +169,8 @@ class BatchDecoder:
             while True:
                 joining = admission.fill([row.request.positions for row in rows])
                 for request in joining.failed:
-                    yield RowResult(request.key, None, None, request.error or RequestCancelled("cancelled before it ran"))
+                    error = request.error or RequestCancelled("cancelled before it ran")
+                    yield RowResult(request.key, None, None, error)
                 joined = len(rows)
                 for request, admitted in self._admit_all(joining.rows, target, draft):
                     if isinstance(admitted, Exception):
