@@ -184,9 +184,14 @@ def test_a_stop_string_ends_the_answer_before_it(client, spec, media):
     assert streamed == full[: full.index(stop)]
 
 
-def test_n_choices_each_decode_the_chat(client, spec):
+def test_n_choices_each_decode_the_chat_from_one_prefill(server, client, spec, monkeypatch):
+    prefiller = server.app.state.backend.spec._batch.prefiller
+    prefills = []
+    prefill_target = prefiller.prefill_target
+    monkeypatch.setattr(prefiller, "prefill_target", lambda *args: prefills.append(1) or prefill_target(*args))
     messages = [{"role": "user", "content": "Describe a circle."}]
     answer = ask(client, messages, n=3)
+    assert len(prefills) == 1
     expected = reference(spec, messages, TOKENS)
     assert [c.index for c in answer.choices] == [0, 1, 2]
     assert all(c.message.content == expected for c in answer.choices)

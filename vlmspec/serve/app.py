@@ -184,15 +184,19 @@ class _Server:
             )
         except VLMSpecError as error:
             raise APIError(400, str(error), "messages", "context_length_exceeded") from error
-        jobs, prepared = [], []
-        for i in range(chat.n):
-            seed = None if chat.seed is None else chat.seed + i
-            jobs.append(Job(inputs, chat.options, seed, _Choice(i, loop, queue, self.gate, self)))
-            try:
-                prepared.append(self.backend.prepare(jobs[-1]))
-            except (VLMSpecError, ValueError, TypeError) as error:
-                raise APIError(400, str(error)) from error
-        return jobs, prepared, length
+        jobs = [
+            Job(
+                inputs,
+                chat.options,
+                None if chat.seed is None else chat.seed + i,
+                _Choice(i, loop, queue, self.gate, self),
+            )
+            for i in range(chat.n)
+        ]
+        try:
+            return jobs, self.backend.prepare(jobs), length
+        except (VLMSpecError, ValueError, TypeError) as error:
+            raise APIError(400, str(error)) from error
 
 
 def create_app(

@@ -9,7 +9,7 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import torch
@@ -73,7 +73,7 @@ class _Relay:
 
 
 class Backend(Protocol):
-    def prepare(self, job: Job) -> Any: ...
+    def prepare(self, jobs: list[Job]) -> list[Any]: ...
 
     def submit(self, prepared: Any) -> None: ...
 
@@ -152,17 +152,26 @@ class SpeculativeBackend(_Looping):
         self._open: dict[int, Job] = {}
         self._lock = threading.Lock()
 
-    def prepare(self, job: Job) -> RowRequest:
-        """The job's request for the engine (raises what `generate` would raise for its arguments)."""
-        return self.spec.prepare(
-            job.inputs,
-            key=job,
-            streamer=_Relay(job.events),
-            cancel=job.cancel,
-            kv_budget_gb=self.kv_budget_gb,
-            generator=job.generator(),
-            **job.options,
-        )
+    def prepare(self, jobs: list[Job]) -> list[RowRequest]:
+        """The engine's requests for one request's choices (raises what `generate` would raise for its arguments).
+        The choices share their inputs, so the engine prefills their prompt once."""
+        requests = [
+            self.spec.prepare(
+                job.inputs,
+                key=job,
+                streamer=_Relay(job.events),
+                cancel=job.cancel,
+                kv_budget_gb=self.kv_budget_gb,
+                generator=job.generator(),
+                **job.options,
+            )
+            for job in jobs
+        ]
+        first = requests[0]
+        return [first] + [
+            replace(r, target_inputs=first.target_inputs, draft_inputs=first.draft_inputs, prompt=first.prompt)
+            for r in requests[1:]
+        ]
 
     def submit(self, prepared: RowRequest) -> None:
         with self._lock:
@@ -267,10 +276,12 @@ class PlainBackend(_Looping):
         self._ready = threading.Condition()
         self._closed = False
 
-    def prepare(self, job: Job) -> Job:
+    def prepare(self, jobs: list[Job]) -> list[Job]:
         device = self.target.device
-        job.inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in job.inputs.items()}
-        return job
+        inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in jobs[0].inputs.items()}
+        for job in jobs:
+            job.inputs = inputs
+        return jobs
 
     def submit(self, prepared: Job) -> None:
         with self._ready:
