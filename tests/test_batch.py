@@ -7,7 +7,15 @@ import pytest
 import torch
 from conftest import FAMILIES, on_device
 
-from vlmspec import AutoPolicy, ChainLengthConfig, MemoryBudgetError, SageConfig, SageGtConfig, SpeculativeVLM
+from vlmspec import (
+    AutoPolicy,
+    ChainLengthConfig,
+    DraftGateConfig,
+    MemoryBudgetError,
+    SageConfig,
+    SageGtConfig,
+    SpeculativeVLM,
+)
 from vlmspec.policies import AdaptiveTreePlan, TreePlan, TreePolicy
 
 #: Rows of different prompt lengths: text, an image, a video and a long prompt.
@@ -65,7 +73,8 @@ def test_every_policy_decodes_a_padded_batch_exactly(policy, pruning):
 def test_the_defaults_chains_change_length_from_step_to_step_and_every_row_stays_exact(family):
     cases = ("image", "video", "text")
     batch = padded_batch(family, cases)
-    policy = AutoPolicy(chain=ChainLengthConfig(warmup=(1, 4, 2, 7, 3)))
+    # Drafting always pays here (a cost ratio of 1), so every step is one of the chains.
+    policy = AutoPolicy(chain=ChainLengthConfig(warmup=(1, 4, 2, 7, 3)), gate=DraftGateConfig(cost_ratio=1.0))
     spec = SpeculativeVLM(family.target, family.drafts["noisy"], policy, processor=family.processor)
     out = spec.generate(**batch, do_sample=False, max_new_tokens=NEW_TOKENS)
     assert_rows_equal_their_own_generate(family, batch, out, cases)

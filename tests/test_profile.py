@@ -130,3 +130,23 @@ def test_python_criteria_and_custom_processors_add_one_read_a_step_at_every_batc
     for batch_size in (1, 4):
         profile = profile_policy(spec, "static-tree", qwen.cases["image"], 24, config, batch_size)
         assert profile.per("step")["own reads"] == pytest.approx(2.0, abs=0.3), batch_size
+
+
+@pytest.mark.parametrize("config", ["greedy", "qwen2.5-vl released"])
+def test_a_plain_step_asks_no_more_of_a_gpu_than_generates_own_step(cases, config):
+    """Where drafting does not pay, the default's step is the target's one-token forward, processed, chosen and read
+    once: no draft launch, and no more launches in all, nor reads, than `generate`'s step, at one row and at four."""
+    target = tiny_qwen2_5_vl(0)
+    target.generation_config.eos_token_id = None
+    spec = SpeculativeVLM(target, noisy_copy(target, 0.05))
+    for batch_size in (1, 4):
+        inputs = cases["image"]
+        if batch_size > 1:
+            inputs = spec._target_runner.adapter.join_rows([inputs] * batch_size, 0)
+        generate = profile_generate(target, inputs, 24, config).per("step")
+        plain = profile_policy(spec, "plain", cases["image"], 24, config, batch_size).per("step")
+        assert plain["draft launches"] == 0
+        assert plain["target launches"] <= generate["target launches"], batch_size
+        total = plain["target launches"] + plain["own launches"]
+        assert total <= generate["target launches"] + generate["own launches"], batch_size
+        assert plain["own reads"] == pytest.approx(1.0) == generate["own reads"]

@@ -94,6 +94,7 @@ def test_an_image_data_url_is_the_targets_own_greedy_answer(client, spec, media)
     assert usage.completion_tokens == TOKENS and usage.total_tokens == usage.prompt_tokens + TOKENS
     speculation = answer.model_extra["vlmspec"]
     assert speculation["steps"] >= 1 and speculation["accepted_draft_tokens"] >= 0
+    assert 0 <= speculation["plain_steps"] <= speculation["steps"]
 
 
 def test_a_video_url_is_sampled_by_the_familys_rule_and_answered_exactly(client, spec, media):
@@ -255,6 +256,7 @@ def test_health_and_metrics_report_the_server(server, client):
         "vlmspec_completion_tokens_total",
         "vlmspec_queue_length",
         "vlmspec_mean_accepted_length",
+        "vlmspec_plain_steps_total",
         "vlmspec_step_seconds_bucket",
         "vlmspec_time_to_first_token_seconds_bucket",
     ):

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .counting import arange
+from .counting import arange, zeros
 from .tree import TreeRows
 
 
@@ -45,8 +45,12 @@ def accept_greedy_rows(trees: TreeRows, target_choice: torch.Tensor) -> Verdict:
     """In every row, the deepest node whose whole path equals the target's choices, and the target's choice after it:
     `target_choice` (B, N) is the target's token after each node.
 
-    Siblings carry distinct tokens, so at most one node per depth can agree with the target.
+    Siblings carry distinct tokens, so at most one node per depth can agree with the target. Trees of their root
+    alone (a plain step) take the target's choice after it, with nothing to compare.
     """
+    if trees.size == 1:
+        nothing = zeros(trees.tokens.shape[0], trees.tokens.device)
+        return Verdict(nothing[:, None], nothing, target_choice[:, 0])
     matches = trees.tokens == target_choice.gather(1, trees.row_parents().clamp_min(0))
     matches[:, 0] = True
     if trees.valid is not None:
@@ -82,6 +86,12 @@ def accept_sampled_rows(
     `sizes[b]` nodes', its valid ones) and its bonus token from `generators[b]`, as its tree alone would.
     """
     rows, n, vocab = probs.shape
+    if n == 1:
+        # The root alone (a plain step): the bonus token is drawn from p itself. The node's uniform is drawn as a
+        # one-node tree draws it, so a seeded row's stream is the same whether or not other rows drafted.
+        _uniform_rows(rows, 1, generators, sizes, probs.device)
+        nothing = zeros(rows, probs.device)
+        return Verdict(nothing[:, None], nothing, draw_rows(probs[:, 0], generators))
     parents, children = trees.row_parents()[:, 1:], trees.tokens[:, 1:]
     flat = probs.reshape(rows, n * vocab)
     index = parents * vocab + children

@@ -34,7 +34,7 @@ from ..policies import (
 from ..pruning import VerifierScores, scoring
 from .choice import NodeProcessing, TargetSampler
 from .commit import plan_commit
-from .counting import host_values
+from .counting import arange, host_values
 from .draft import Drafted, Drafter, SlotsRead
 from .prefill import Prefilled, Prefiller
 from .report import StepReport
@@ -48,6 +48,7 @@ from .rows_step import (
     common_processing,
     draft_adaptive_rows,
     draft_rows,
+    plain_rows,
     uniform_processing,
 )
 from .schedule import Admission, Arrivals
@@ -99,7 +100,7 @@ class RowResult:
 
 class _Row:
     """A sequence in flight: its request, emitted tokens, policy state, drafter and the tokens the draft has not
-    seen yet."""
+    seen yet: `pending` on the device, then `missed` on the host (emitted by plain steps, fed when it next drafts)."""
 
     def __init__(self, request: RowRequest, policy: TreePolicy, drafter: Drafter, streaming: bool = True):
         self.request = request
@@ -110,6 +111,13 @@ class _Row:
         self.stats = SpecStats()
         self.started = time.perf_counter()
         self.pending: torch.Tensor | None = None
+        self.missed: list[int] = []
+
+    def catch_up(self, device: torch.device) -> None:
+        """Put the tokens plain steps emitted after the draft's `pending` ones, to be fed at its next forward."""
+        if self.missed:
+            self.pending = torch.cat([self.pending, host_values(self.missed, device)])
+            self.missed = []
 
     def result(self) -> RowResult:
         self.sink.close()
@@ -405,7 +413,15 @@ class BatchDecoder:
         row drafts the same tree of rank paths under one rule (greedy or sampling); else as trees of their own
         structure, grown together when they are all SAGE's or all sage-gt's (`draft_adaptive_rows`), else row by row."""
         step_started = time.perf_counter()
-        sampling = {row.settings.sampler.do_sample for row in rows}
+        samples = [row.settings.sampler.do_sample for row in rows]
+        plain = self.policy.drafting([row.policy for row in rows], samples, [row.sink.room for row in rows])
+        if None not in plain:
+            self._step_plain(rows, plain, target, timer, step_started)
+            return
+        for row in rows:
+            row.catch_up(draft.device)
+        depths = [0 if why is not None else row.sink.room - 1 for row, why in zip(rows, plain, strict=True)]
+        sampling = set(samples)
         if self._alone or (len(rows) == 1 and True not in sampling):
             # A row decoding alone plans as one sequence does, also in a batch whose other rows have finished (or not
             # arrived): a greedy row's tree changes no token. A sampled row in a batch keeps the batch's plan, so that
@@ -414,7 +430,7 @@ class BatchDecoder:
         else:
             plans = self.policy.plan_batch([row.policy for row in rows], timed=True not in sampling)
         if _same_rank_tree(plans) and len(sampling) == 1:
-            self._step_together(rows, plans[0], target, draft, timer, step_started)
+            self._step_together(rows, plans[0], depths, plain, target, draft, timer, step_started)
             return
         adaptive = _adaptive(plans)
         samplers = [row.settings.sampler for row in rows]
@@ -427,10 +443,10 @@ class BatchDecoder:
         draft_starts, target_starts = list(draft.lengths), list(target.lengths)
         with timer("drafting"):
             if adaptive:
-                stacked = self._draft_adaptive(rows, plans, draft, processings, draft_sequences)
+                stacked = self._draft_adaptive(rows, plans, depths, draft, processings, draft_sequences)
                 drafted = [stacked.row(b) for b in range(len(rows))]
             else:
-                drafted, draft_forwards, draft_tokens = self._draft(rows, plans, draft)
+                drafted, draft_forwards, draft_tokens = self._draft(rows, plans, depths, draft)
                 stacked = RowsDrafted.stacked(drafted, target.device, draft_forwards, draft_tokens)
         with timer("verification"):
             trees = stacked.trees.to(target.device)
@@ -465,6 +481,7 @@ class BatchDecoder:
             (target_starts, draft_starts, fed),
             timer,
             step_started,
+            plain,
             on_device=kept == "sinks",
         )
         counts = [report.count for report in accepted.reports]
@@ -476,13 +493,16 @@ class BatchDecoder:
         self,
         rows: list[_Row],
         plan: RankTreePlan,
+        depths: list[int],
+        plain: list[str | None],
         target: RowRunner,
         draft: RowRunner,
         timer: PhaseTimer,
         step_started: float,
     ) -> None:
-        """One step of every row drafting the tree `plan` (`rows_step`): a fixed number of operations over all rows
-        per tree level, one verification, one acceptance and one read, one commit in each cache."""
+        """One step of every row drafting the tree `plan` (`rows_step`), row b at most `depths[b]` levels (`plain[b]`
+        says why a row drafts none): a fixed number of operations over all rows per tree level, one verification, one
+        acceptance and one read, one commit in each cache."""
         pending, counts = self._pending_rows(rows, draft.device)
         draft_starts, target_starts = list(draft.lengths), list(target.lengths)
         processings = [row.settings.draft_processing for row in rows]
@@ -490,14 +510,13 @@ class BatchDecoder:
         sequences, draft_sequences, kept = self._row_sequences(rows, processings, samplers, target.device)
         with timer("drafting"):
             shape = rank_tree_shape(plan.paths, draft.device)
-            max_depths = [row.settings.max_new_tokens - row.sink.new_tokens - 1 for row in rows]
             drafted = draft_rows(
                 draft,
                 shape,
                 plan.top_k,
                 pending,
                 counts,
-                max_depths,
+                depths,
                 self.vocab_limit,
                 self.draft_input_limit,
                 processings,
@@ -537,9 +556,53 @@ class BatchDecoder:
             (target_starts, draft_starts, counts),
             timer,
             step_started,
+            plain,
             on_device=kept == "sinks",
         )
         counts = [report.count for report in accepted.reports]
+        if kept == "batch":
+            self._tokens.take(accepted.tokens, counts)
+        self._strings.advance(accepted.tokens, counts)
+
+    def _step_plain(
+        self, rows: list[_Row], plain: list[str | None], target: RowRunner, timer: PhaseTimer, step_started: float
+    ) -> None:
+        """A step in which no row drafts (`plain` says why, per row): the target's next token after each row's last
+        one, as `generate`'s step decodes it (one forward of one token a row, processed, chosen, read once). Nothing
+        runs on the draft: the tokens are its `missed` ones, fed when it next drafts."""
+        samplers = [row.settings.sampler for row in rows]
+        sequences, _, kept = self._row_sequences(rows, [None] * len(rows), samplers, target.device)
+        target_starts = list(target.lengths)
+        with timer("verification"):
+            held = host_values([row.sink.last_token for row in rows] + target_starts, target.device)
+            roots, starts = held[: len(rows)], held[len(rows) :]
+            drafted = plain_rows(roots)
+            logits = target.forward_rows(drafted.trees.tokens, arange(1, target.device), target.positions(starts), None)
+        with timer("acceptance"):
+            accepted = accept_all(
+                drafted,
+                drafted.trees,
+                logits,
+                samplers,
+                sequences,
+                self._eos_rows(rows, target.device),
+                [row.sink.room for row in rows],
+                None,
+                False,
+                self._strings.check([row.sink for row in rows], target.device),
+            )
+            timer.collect()
+            self._judge_on_host(rows, accepted, logits)
+        seconds = time.perf_counter() - step_started
+        self.policy.observe_plain([row.policy for row in rows], plain, seconds)
+        counts = [report.count for report in accepted.reports]
+        for b, row in enumerate(rows):
+            report = accepted.reports[b]
+            row.missed += report.tokens[: report.count]
+            record = StepRecord(alpha=None, depth=0, width=0.0, nodes=0, accepted=0, tree_depth=0, greedy_depth=0)
+            record.seconds, record.plain = seconds, plain[b]
+            row.stats.steps.append(record)
+            row.sink.take(accepted.tokens[b], report, kept == "sinks")
         if kept == "batch":
             self._tokens.take(accepted.tokens, counts)
         self._strings.advance(accepted.tokens, counts)
@@ -555,12 +618,14 @@ class BatchDecoder:
         starts: tuple[list[int], list[int], list[int]],
         timer: PhaseTimer,
         step_started: float,
+        plain: list[str | None],
         on_device: bool = True,
     ) -> None:
         """Every row's policy learns from the step and its statistics record it, then its sink takes the tokens it
         emitted. `carried` is what the step's forwards carried (verified tokens, draft forwards, draft tokens, padding
         included), `starts` the target's and the draft's cache lengths at the step's start and each row's pending
-        count; with more than one row each observes the batch's shape, what the rows share recorded once."""
+        count, `plain` why a row drafted nothing (None where it drafted); with more than one row each observes the
+        batch's shape, what the rows share recorded once."""
         target_starts, draft_starts, pending = starts
         shape = BatchShape(
             rows=len(rows),
@@ -577,7 +642,17 @@ class BatchDecoder:
             batch = shape if len(rows) > 1 else None
             tree = grown[b].tree
             observe_step(
-                row.policy, plans[b], grown[b], tree, reports[b], row.stats, timer, step_started, contexts, batch
+                row.policy,
+                plans[b],
+                grown[b],
+                tree,
+                reports[b],
+                row.stats,
+                timer,
+                step_started,
+                contexts,
+                batch,
+                plain[b],
             )
             shape = replace(shape, first=False)
             row.sink.take(tokens[b], reports[b], on_device)
@@ -591,13 +666,15 @@ class BatchDecoder:
     ) -> tuple[RowSequences, RowSequences, str]:
         """The rows' tokens so far, for the target's processors and the draft's, and where the step keeps the tokens
         it emits: nowhere on the device ("none") when no row processes its logits (the sinks write them when the rows
-        finish), in the batch's `(B, T)` tensor ("batch") when the rows share one processing, else in each row's
-        sink ("sinks"). Both stay on the target's `device`, where the config's processors were built."""
+        finish), in the batch's `(B, T)` tensor ("batch") when several rows share one processing, else in each row's
+        sink ("sinks": one row's sink holds its sequence as a view, where a `(B, T)` tensor costs launches to keep).
+        Both stay on the target's `device`, where the config's processors were built."""
         target_processings = [s.processing for s in samplers]
         if uniform_processing(processings + target_processings):
             self._tokens.forget()
             return [None] * len(rows), [None] * len(rows), "none"
-        if all(uniform_processing(g) or common_processing(g) is not None for g in (processings, target_processings)):
+        shared = (uniform_processing(g) or common_processing(g) is not None for g in (processings, target_processings))
+        if len(rows) > 1 and all(shared):
             sequences = self._tokens.sequences(rows, device)
             return sequences, sequences.clamp_max(self.vocab_limit - 1), "batch"
         self._tokens.forget()
@@ -651,36 +728,40 @@ class BatchDecoder:
         self,
         rows: list[_Row],
         plans: list[AdaptiveTreePlan],
+        depths: list[int],
         draft: RowRunner,
         processings: list[NodeProcessing | None],
         sequences: RowSequences,
     ) -> RowsDrafted:
-        """Grow every row's SAGE tree together (`draft_adaptive_rows`) under the rows' `processings` of the draft's
-        logits, over their tokens so far (`sequences`)."""
+        """Grow every row's SAGE tree together (`draft_adaptive_rows`), row b at most `depths[b]` levels, under the
+        rows' `processings` of the draft's logits, over their tokens so far (`sequences`)."""
         pending, counts = self._pending_rows(rows, draft.device)
         return draft_adaptive_rows(
             draft,
             plans,
             pending,
             counts,
-            [row.settings.max_new_tokens - row.sink.new_tokens - 1 for row in rows],
+            depths,
             self.vocab_limit,
             self.draft_input_limit,
             processings,
             sequences,
         )
 
-    def _draft(self, rows: list[_Row], plans: list[TreePlan], draft: RowRunner) -> tuple[list[Drafted], int, int]:
-        """Grow every row's tree, one batched draft forward per level (rows whose tree is done feed nothing), then read
-        which slots of every padded tree are real at once; returns the trees, the draft forwards and the tokens they
-        carried (padding included)."""
+    def _draft(
+        self, rows: list[_Row], plans: list[TreePlan], depths: list[int], draft: RowRunner
+    ) -> tuple[list[Drafted], int, int]:
+        """Grow every row's tree, row b at most `depths[b]` levels, one batched draft forward per level (rows whose
+        tree is done feed nothing), then read which slots of every padded tree are real at once; returns the trees, the
+        draft forwards and the tokens they carried (padding included)."""
         lengths = draft.lengths
         growing = []
         for b, row in enumerate(rows):
             sink, settings = row.sink, row.settings
-            depth = settings.max_new_tokens - sink.new_tokens - 1
             growing.append(
-                row.drafter.steps(row.pending, plans[b], sink.sequence, lengths[b], settings.draft_processing, depth)
+                row.drafter.steps(
+                    row.pending, plans[b], sink.sequence, lengths[b], settings.draft_processing, depths[b]
+                )
             )
         requests: list[RowForward | SlotsRead | None] = [next(steps) for steps in growing]
         drafted: list[Drafted | None] = [None] * len(rows)
@@ -826,10 +907,12 @@ def observe_step(
     step_started: float,
     contexts: tuple[int, int],
     batch: BatchShape | None = None,
+    plain: str | None = None,
 ) -> None:
     """The one observer of a finished step: the policy learns from it and `stats` records it. `contexts` are the
     draft's and the target's cache lengths the step's forwards ran over; `batch` what the whole step fed and emitted
-    when the sequence decoded among others (their step times are its times), None when it decoded alone."""
+    when the sequence decoded among others (their step times are its times), None when it decoded alone; `plain` why
+    the sequence drafted nothing while others did (None: it drafted)."""
     policy.observe(
         StepOutcome(
             root_log_probs=drafted.root_log_probs,
@@ -847,6 +930,7 @@ def observe_step(
             tree_parents=report.tree_parents,
             tree_log_probs=report.tree_log_probs,
             batch=batch,
+            drafted=plain is None,
         )
     )
     predicted = policy.prediction
@@ -862,5 +946,6 @@ def observe_step(
             seconds=timer.last["drafting"] + timer.last["verification"],
             predicted_tokens=None if predicted is None else predicted[0],
             predicted_seconds=None if predicted is None else predicted[1],
+            plain=plain,
         )
     )

@@ -199,7 +199,7 @@ class NodeProcessing:
         """
         width = scores.shape[1]
         scores, columns, doubt = self._warp(scores, sequence, compact, judge=True)
-        return _spread(scores.softmax(-1), columns, width), doubt.any()
+        return _spread(scores.softmax(-1), columns, width), None if doubt is None else doubt.any()
 
     def distribution_rows(
         self, scores: torch.Tensor, sequences: torch.Tensor, compact: bool = True
@@ -209,7 +209,7 @@ class NodeProcessing:
         rows, m, width = scores.shape
         warped, columns, doubt = self._warp(scores.reshape(rows * m, width), sequences[:1], compact, judge=True)
         probs = _spread(warped.softmax(-1), columns, width)
-        return probs.view(rows, m, width), doubt.view(rows, m).any(1)
+        return probs.view(rows, m, width), None if doubt is None else doubt.view(rows, m).any(1)
 
     def log_probs(self, scores: torch.Tensor, sequence: torch.Tensor) -> torch.Tensor:
         """Log-probabilities (m, V) of processed `scores` under the warpers: -inf where they cut a token.
@@ -226,13 +226,14 @@ class NodeProcessing:
 
     def _warp(
         self, scores: torch.Tensor, sequence: torch.Tensor, compact: bool, judge: bool
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """Every warper in order over `scores` (m, V); with `compact`, those after a top-k on its k columns (then
         returned with the scores) and whether each row's top-k kept more than k tokens (m,); with `judge`, also
-        whether ties could make a later warper's cut differ from the full row's."""
+        whether ties could make a later warper's cut differ from the full row's. Nothing compacted, nothing is in
+        doubt (None)."""
         width = scores.shape[1]
         columns = None
-        doubt = torch.zeros(scores.shape[0], dtype=torch.bool, device=scores.device)
+        doubt = None
         for warper in self.warpers:
             before = scores
             scores = warper(sequence.expand(scores.shape[0], -1), scores)
@@ -370,6 +371,6 @@ class TargetSampler:
         if not self.do_sample:
             return scores[0].argmax()
         probs, doubt = self.processing.distribution(scores, sequence)
-        if bool(doubt):
+        if doubt is not None and bool(doubt):
             probs, _ = self.processing.distribution(scores, sequence, compact=False)
         return draw(probs[0], self.generator)

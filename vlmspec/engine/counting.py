@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import torch
 
 _RANGES: dict[torch.device, torch.Tensor] = {}
+_ZEROS: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
 
 def arange(n: int, device: torch.device) -> torch.Tensor:
@@ -17,6 +18,16 @@ def arange(n: int, device: torch.device) -> torch.Tensor:
     held = _RANGES.get(device)
     if held is None or held.shape[0] < n:
         held = _RANGES[device] = torch.arange(max(n, 2 * (0 if held is None else held.shape[0]), 1024), device=device)
+    return held[:n]
+
+
+def zeros(n: int, device: torch.device, dtype: torch.dtype = torch.long) -> torch.Tensor:
+    """`torch.zeros(n, dtype=dtype)` on `device`, as a view of one kept tensor (never write into it)."""
+    key = (torch.device(device), dtype)
+    held = _ZEROS.get(key)
+    if held is None or held.shape[0] < n:
+        size = max(n, 2 * (0 if held is None else held.shape[0]), 64)
+        held = _ZEROS[key] = torch.zeros(size, dtype=dtype, device=key[0])
     return held[:n]
 
 

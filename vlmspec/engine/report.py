@@ -43,6 +43,8 @@ def emitted_rows(trees: TreeRows, verdict: Verdict) -> torch.Tensor:
     """Every row's emitted tokens (B, depth + 1): the accepted draft tokens, then the bonus token (what follows it is
     padding)."""
     bonus = verdict.bonus[:, None]
+    if verdict.path.shape[1] == 1:  # nothing drafted (a plain step)
+        return bonus
     tokens = torch.cat([trees.tokens.gather(1, verdict.path[:, 1:]), bonus], dim=1)
     return tokens.scatter(1, verdict.accepted[:, None], bonus)
 
@@ -92,6 +94,8 @@ def pack_rows(
     token (None: no row has any)."""
     device = tokens.device
     rows = tokens.shape[0]
+    if tokens.shape[1] == 1 and statistics is None and not with_tree:
+        return _pack_one_token(verdict, tokens, eos_token_ids, rooms, stops)
     offered = verdict.accepted + 1
     positions = arange(tokens.shape[1], device)
     ends = (tokens[:, :, None] == eos_token_ids[:, None, :]).any(-1)
@@ -112,6 +116,46 @@ def pack_rows(
     if with_tree:
         parts += [trees.row_parents(), trees.log_probs]
     return torch.cat([whole] + [p.to(torch.float64) for p in parts], dim=1) if parts else whole
+
+
+def _pack_one_token(
+    verdict: Verdict,
+    tokens: torch.Tensor,
+    eos_token_ids: torch.Tensor,
+    rooms: list[int],
+    stops: torch.Tensor | None,
+) -> torch.Tensor:
+    """`pack_rows` of a step that drafted nothing (each row emits its one token `tokens` (B, 1)): the same layout,
+    with what is known on the host (nothing accepted, one token emitted, which rows reach their budget) written from
+    a kept template rather than computed, as `generate`'s step checks only its token against EOS and the budget."""
+    rows, device = tokens.shape[0], tokens.device
+    ends = (tokens == eos_token_ids).any(1)
+    if stops is not None:
+        ends = ends | stops[:, 0]
+    if min(rooms) <= 1:
+        ends = ends | host_values([room <= 1 for room in rooms], device, torch.bool)
+    packed = _one_token_rows(rows, device).clone()
+    packed[:, 2] = ends
+    if verdict.doubt is not None:
+        packed[:, 3] = verdict.doubt
+    packed[:, 5] = tokens[:, 0]
+    return packed
+
+
+#: Per device, rows of a packed one-token step as far as the host knows them (see `_one_token_rows`).
+_ONE_TOKEN: dict[torch.device, torch.Tensor] = {}
+
+
+def _one_token_rows(rows: int, device: torch.device) -> torch.Tensor:
+    """`rows` packed one-token steps as far as the host knows them: accepted 0, count 1, not finished, no doubt,
+    greedy depth 0, token 0, path [0] (a view of one kept tensor, grown as batches grow: never write into it)."""
+    device = torch.device(device)
+    held = _ONE_TOKEN.get(device)
+    if held is None or held.shape[0] < rows:
+        held = torch.zeros(max(rows, 64), 7, dtype=torch.float64, device=device)
+        held[:, 1] = 1.0
+        _ONE_TOKEN[device] = held
+    return held[:rows]
 
 
 def unpack_step(values: list[float], packed: PackedStep, nodes: int | None = None) -> StepReport:

@@ -134,6 +134,9 @@ class RowRunner:
         rows, q = tokens.shape
         cache.prepare(self._fed(q))
         counts = [q] * rows if counts is None else counts
+        if rows == 1 and not cache.fixed and q == 1 and visible is None:
+            # One token sees every key: unmasked, as `generate`'s step attends (a plain step).
+            return self._run(tokens, start[:, None] + depths, None, counts)
         if rows == 1 and not cache.fixed:
             # One row sees every key before its block: the mask covers the block alone, and the prefix is attended
             # unmasked on the fused kernel (`tree_block_attention`), whose cost stays flat as long prompts grow.
@@ -205,20 +208,20 @@ class RowRunner:
         return padded_size(q) if self.cache.fixed else q
 
     def _run(
-        self, tokens: torch.Tensor, positions: torch.Tensor, seen: torch.Tensor, counts: list[int]
+        self, tokens: torch.Tensor, positions: torch.Tensor, seen: torch.Tensor | None, counts: list[int]
     ) -> torch.Tensor:
-        """The forward over `tokens` (B, q) at `positions`, each query seeing the keys `seen` (B, q, span) marks; the
-        first `counts[b]` of row b enter its cache. Returns the logits (B, q, V)."""
+        """The forward over `tokens` (B, q) at `positions`, each query seeing the keys `seen` (B, q, span) marks (None:
+        every key, no mask); the first `counts[b]` of row b enter its cache. Returns the logits (B, q, V)."""
         rows, q = tokens.shape
         if self.cache.fixed:
             tokens, positions, seen = self._padded(tokens, positions, seen)
-        mask = torch.where(seen, self._zero, torch.finfo(self.dtype).min)
+        mask = None if seen is None else torch.where(seen, self._zero, torch.finfo(self.dtype).min)[:, None]
         position_ids = self.adapter.position_ids(positions.reshape(-1))
         position_ids = position_ids.reshape(*position_ids.shape[:-2], *tokens.shape)
         inputs = dict(
             input_ids=tokens,
             position_ids=position_ids,
-            attention_mask=mask[:, None],
+            attention_mask=mask,
             past_key_values=self.cache,
             use_cache=True,
         )

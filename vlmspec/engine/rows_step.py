@@ -20,7 +20,7 @@ import torch
 from ..policies import AdaptiveTreePlan, CostAwareTreePlan
 from .accept import Verdict, accept_greedy_rows, accept_sampled_rows
 from .choice import NodeProcessing, TargetSampler
-from .counting import arange, host_values
+from .counting import arange, host_values, zeros
 from .draft import Drafted, proposal_log_probs, proposal_log_probs_rows
 from .report import StepReport, emitted_rows, pack_rows, read_rows
 from .row_runner import RowRunner
@@ -89,6 +89,32 @@ class RowsDrafted:
             fed_tokens,
             [d.slots for d in grown],
         )
+
+
+def plain_rows(roots: torch.Tensor) -> RowsDrafted:
+    """A step that drafts nothing, as trees of their root alone: every row's last token `roots` (B,), which the
+    target's forward turns into its next token as `generate`'s step does. No draft forward ran (the draft catches up
+    on the tokens it missed when it next drafts)."""
+    device, rows = roots.device, roots.shape[0]
+    nothing, no_log_probs = zeros(rows, device), zeros(rows, device, torch.float32)[:, None]
+    trees = TreeRows(roots[:, None], no_log_probs, _ROOT_PARENT[device], nothing[:1], _ROOT_SEES[device], 0)
+    return RowsDrafted(trees, no_log_probs, [0] * rows, nothing, [1] * rows, [0] * rows, 0, 0)
+
+
+class _RootTensors(dict):
+    """A one-node tree's parents ([-1]) or ancestors ([[True]]) per device, made once."""
+
+    def __init__(self, make):
+        super().__init__()
+        self.make = make
+
+    def __missing__(self, device: torch.device) -> torch.Tensor:
+        self[device] = held = self.make(device)
+        return held
+
+
+_ROOT_PARENT = _RootTensors(lambda device: torch.full((1,), -1, dtype=torch.long, device=device))
+_ROOT_SEES = _RootTensors(lambda device: torch.ones(1, 1, dtype=torch.bool, device=device))
 
 
 #: Each row's tokens so far: one `(B, T)` tensor (each row padded with its own last token) when the rows share a
@@ -510,6 +536,8 @@ def accept_all(
     rules = [s.do_sample for s in samplers]
     processings = [s.processing for s in samplers]
     plain = uniform_processing(processings)
+    # A tree of its root alone (a plain step) warps its rows whole, as `generate` does: nothing to compact or doubt.
+    compact = compact and trees.size > 1
     if plain:
         scores = logits.float()
     elif isinstance(sequences, torch.Tensor):
@@ -531,7 +559,11 @@ def accept_all(
         else:
             distributions = [p.distribution(scores[b], sequences[b], compact) for b, p in enumerate(processings)]
             probs = _stacked([d[0] for d in distributions])
-            doubt = _stacked([d[1] for d in distributions])
+            doubts = [d[1] for d in distributions]
+            doubt = None
+            if any(d is not None for d in doubts):
+                no = torch.zeros((), dtype=torch.bool, device=probs.device)
+                doubt = _stacked([no if d is None else d for d in doubts])
         generators = [s.generator for s in samplers]
         own = None if all(g is None for g in generators) else generators
         verdict = accept_sampled_rows(trees, probs, own, drafted.sizes)

@@ -85,6 +85,8 @@ class TokenSink:
         self.length = prompt.shape[1]
         self.prompt_length = prompt.shape[1]
         self.finished = settings.max_new_tokens <= 0
+        # The last token emitted (on the host), what a plain step feeds the target next; `emit` sets the first.
+        self.last_token = 0
         self._host: list[int] = []
         self.scores: list[torch.Tensor] | None = [] if settings.output_scores else None
         self.logits: list[torch.Tensor] | None = [] if settings.output_logits else None
@@ -121,6 +123,8 @@ class TokenSink:
         else:
             self._host += report.tokens[: report.count]
         self.length += report.count
+        if report.count:
+            self.last_token = report.tokens[report.count - 1]
         self.finished = report.finished
         if self.streamer is not None and report.count:
             self.streamer.put(torch.tensor(report.tokens[: report.count]))
@@ -185,6 +189,8 @@ class TokenSink:
             self.finished = True
         self.buffer[0, self.length : self.length + tokens.shape[0]] = tokens
         self.length += tokens.shape[0]
+        if tokens.shape[0]:
+            self.last_token = int(tokens[-1])
         if self.streamer is not None and tokens.shape[0]:
             self.streamer.put(tokens.cpu())
 

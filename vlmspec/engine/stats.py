@@ -27,7 +27,9 @@ class StepRecord:
 
     `depth` and `width` are the plan's; `tree_depth` is how deep the grown tree reached and `greedy_depth` how far
     the draft's own top-1 path went in it. `seconds` is the step's drafting + verification time; a policy with a
-    cost model also records what it predicted: tokens emitted (accepted + 1) and those seconds.
+    cost model also records what it predicted: tokens emitted (accepted + 1) and those seconds. `plain` says why the
+    sequence drafted nothing in this step (the target's next token alone, as `generate` decodes), None where it
+    drafted.
     """
 
     alpha: float | None
@@ -40,11 +42,13 @@ class StepRecord:
     seconds: float = 0.0
     predicted_tokens: float | None = None
     predicted_seconds: float | None = None
+    plain: str | None = None
 
 
 @dataclass
 class SpecStats:
-    """Statistics of the last call; `mean_accept_length` is tau: accepted draft tokens per step, bonus excluded."""
+    """Statistics of the last call; `mean_accept_length` is tau: accepted draft tokens per drafting step, bonus
+    excluded (steps that drafted nothing are counted in `plain_steps`, and why in `plain_reasons`)."""
 
     new_tokens: int = 0
     iterations: int = 0
@@ -57,6 +61,20 @@ class SpecStats:
     @property
     def total_seconds(self) -> float:
         return sum(self.phase_seconds.values())
+
+    @property
+    def plain_steps(self) -> int:
+        """Steps that drafted nothing."""
+        return sum(s.plain is not None for s in self.steps)
+
+    @property
+    def plain_reasons(self) -> dict[str, int]:
+        """How many steps drafted nothing, by why."""
+        reasons: dict[str, int] = {}
+        for step in self.steps:
+            if step.plain is not None:
+                reasons[step.plain] = reasons.get(step.plain, 0) + 1
+        return reasons
 
     @classmethod
     def combined(cls, rows: list[SpecStats], batch: SpecStats) -> SpecStats:
@@ -74,15 +92,21 @@ class SpecStats:
         for phase, seconds in batch.phase_seconds.items():
             total.phase_seconds[phase] += seconds
         total.iterations = len(total.steps)
-        total.mean_accept_length = sum(s.accepted for s in total.steps) / max(1, total.iterations)
+        total.mean_accept_length = _tau(total.steps)
         return total
 
     def finish(self, total_seconds: float) -> None:
         """Close the books: tau from the steps, and the time not in any named phase as `other`."""
         self.iterations = len(self.steps)
-        self.mean_accept_length = sum(s.accepted for s in self.steps) / max(1, self.iterations)
+        self.mean_accept_length = _tau(self.steps)
         named = sum(v for k, v in self.phase_seconds.items() if k != "other")
         self.phase_seconds["other"] = max(0.0, total_seconds - named)
+
+
+def _tau(steps: list[StepRecord]) -> float:
+    """Accepted draft tokens per step that drafted."""
+    drafted = [s.accepted for s in steps if s.plain is None]
+    return sum(drafted) / max(1, len(drafted))
 
 
 class PhaseTimer:

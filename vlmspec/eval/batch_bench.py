@@ -72,7 +72,7 @@ def run_batch_bench(
         total=len(batch_sizes) * (1 + len(methods)) * repeats + 1, desc=f"batched bench {suite}", disable=not progress
     )
     # Warm-up (not timed): one batch of each kind, so first-call costs fall on none of the timed runs.
-    _plain(target, adapter, inputs[: max(batch_sizes)], max(batch_sizes), pad, device, generation)
+    generate_batches(target, adapter, inputs[: max(batch_sizes)], max(batch_sizes), pad, device, generation)
     for runner in runners.values():
         list(runner.stream(((i, item) for i, item in enumerate(inputs[:2])), batch_size=2, **generation))
     bar.update()
@@ -86,7 +86,7 @@ def run_batch_bench(
                 list(runner.stream(items, batch_size=size, **generation))
         for turn in range(repeats):
             start = time.perf_counter()
-            outputs = _plain(target, adapter, inputs, size, pad, device, generation)
+            outputs = generate_batches(target, adapter, inputs, size, pad, device, generation)
             seconds = time.perf_counter() - start
             rows = [
                 new_tokens(out, item["input_ids"].shape[1], eos_ids) for out, item in zip(outputs, inputs, strict=True)
@@ -134,7 +134,7 @@ def run_batch_bench(
     }
 
 
-def _plain(target, adapter, inputs, size, pad, device, generation) -> list[torch.Tensor]:
+def generate_batches(target, adapter, inputs, size, pad, device, generation) -> list[torch.Tensor]:
     """Plain `generate` over `inputs` in left-padded batches of `size`; each item's row, its padding removed."""
     outputs = []
     for start in range(0, len(inputs), size):

@@ -82,6 +82,11 @@ class MethodRun:
     def summary(self, ar_tokens_per_s: float) -> dict[str, Any]:
         tokens_per_s = self.new_tokens / self.seconds if self.seconds else 0.0
         target, draft = np.mean(self.prefill_tokens, axis=0) if self.prefill_tokens else (None, None)
+        steps = [step for item in self.steps for step in item]
+        reasons: dict[str, int] = {}
+        for step in steps:
+            if step.get("plain") is not None:
+                reasons[step["plain"]] = reasons.get(step["plain"], 0) + 1
         return {
             "tau": float(np.mean(self.taus)) if self.taus else None,
             "tokens_per_s": tokens_per_s,
@@ -92,6 +97,9 @@ class MethodRun:
             "target_prefill_tokens": None if target is None else float(target),
             "draft_prefill_tokens": None if draft is None else float(draft),
             "phase_seconds": self.phase_seconds if any(self.phase_seconds.values()) else None,
+            "steps": len(steps) if self.steps else None,
+            "plain_steps": sum(reasons.values()),
+            "plain_reasons": reasons,
         }
 
 
@@ -352,8 +360,8 @@ def markdown_report(results: dict[str, Any], command: str) -> str:
         "",
         f"Command: `{command}`",
         "",
-        "| method | tau | tokens/s | speedup vs ar | exact match | draft prefill tokens |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| method | tau | tokens/s | speedup vs ar | exact match | draft prefill tokens | steps that ran plain |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, m in results["methods"].items():
         tau = "-" if m["tau"] is None else f"{m['tau']:.2f}"
@@ -361,7 +369,7 @@ def markdown_report(results: dict[str, Any], command: str) -> str:
         prefill = "-" if draft is None else f"{draft:.0f} of {m['target_prefill_tokens']:.0f}"
         lines.append(
             f"| {name} | {tau} | {m['tokens_per_s']:.1f} | {m['speedup']:.2f}x | {exact_match_cell(results, name)} "
-            f"| {prefill} |"
+            f"| {prefill} | {plain_cell(m)} |"
         )
     lines += [
         "",
@@ -380,6 +388,14 @@ def markdown_report(results: dict[str, Any], command: str) -> str:
     lags = ", ".join(f"{v:.2f}" for v in results["entropy_autocorrelation"])
     lines += ["", f"Autocorrelation of the target's top-10 entropy at lags 1-10: {lags}.", ""]
     return "\n".join(lines)
+
+
+def plain_cell(method: dict[str, Any]) -> str:
+    """How many of a method's steps ran plain (no draft), of all its steps, and why."""
+    if not method.get("steps"):
+        return "-"
+    why = "; ".join(f"{reason}: {count}" for reason, count in method.get("plain_reasons", {}).items())
+    return f"{method['plain_steps']} of {method['steps']}" + (f" ({why})" if why else "")
 
 
 def cost_model_lines(steps_by_method: dict[str, list[dict[str, Any]]]) -> list[str]:

@@ -27,14 +27,17 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
-from ..policies import SageConfig, SageGtConfig
+from ..policies import AutoPolicy, SageConfig, SageGtConfig
+from ..policies.draft_gate import DraftGateConfig
 from ..speculative import SpeculativeVLM
 
-POLICIES = ("chain", "static-tree", "sage", "sage-gt")
-#: The policies as an accelerator runs them.
+POLICIES = ("chain", "static-tree", "sage", "sage-gt", "plain")
+#: The policies as an accelerator runs them; `plain` is the default policy where drafting never pays: every step a
+#: plain one (the target's next token alone), what a step costs once the default stops drafting.
 _ON_ACCELERATORS = {
-    "sage": SageConfig(fixed_shapes=True),
-    "sage-gt": SageGtConfig(sage=SageConfig(fixed_shapes=True)),
+    "sage": lambda: SageConfig(fixed_shapes=True),
+    "sage-gt": lambda: SageGtConfig(sage=SageConfig(fixed_shapes=True)),
+    "plain": lambda: AutoPolicy(gate=DraftGateConfig(cost_ratio=1e9, prior_tokens=1.0, longest_run=1 << 30)),
 }
 #: Qwen2.5-VL-Instruct's released sampling settings (its generation_config.json).
 QWEN2_5_VL_RELEASED = dict(do_sample=True, top_k=1, top_p=0.001, temperature=0.1, repetition_penalty=1.05)
@@ -236,7 +239,7 @@ def profile_policy(
     spec: SpeculativeVLM, policy: str, inputs: dict, new_tokens: int, config: str, batch_size: int = 1
 ) -> Profile:
     """Counts of `spec` with `policy` per decoding step and per emitted token."""
-    runner = spec.with_options(_ON_ACCELERATORS.get(policy, policy), pruning=None)
+    runner = spec.with_options(_ON_ACCELERATORS[policy]() if policy in _ON_ACCELERATORS else policy, pruning=None)
     counter = LaunchCounter(spec.target, spec.draft)
     settings = config_settings(config, None if spec.processor is None else spec.processor.tokenizer)
 

@@ -6,6 +6,7 @@ from .auto import AutoPolicy
 from .base import BatchShape, RankTreePlan, StepOutcome, TreePlan, TreePolicy
 from .chain import ChainPolicy
 from .chain_length import ChainLength, ChainLengthConfig
+from .draft_gate import DraftGateConfig
 from .sage import AdaptiveTreePlan, SageConfig, SagePolicy
 from .sage_gt import CostAwareTreePlan, SageGtConfig, SageGtPolicy
 from .static import SPECVLM_TREE, StaticTreePolicy
@@ -45,6 +46,7 @@ __all__ = [
     "ChainLengthConfig",
     "ChainPolicy",
     "CostAwareTreePlan",
+    "DraftGateConfig",
     "POLICY_NAMES",
     "RankTreePlan",
     "SPECVLM_TREE",

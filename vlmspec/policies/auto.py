@@ -1,5 +1,5 @@
 """The default policy: SAGE's trees for sequences decoded one at a time, chains of a measured length for sequences
-decoded together."""
+decoded together, and plain steps wherever drafting does not pay (`draft_gate`)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import torch
 
 from .base import RankTreePlan, StepOutcome, TreePlan, TreePolicy
 from .chain_length import ChainLength, ChainLengthConfig
+from .draft_gate import NOT_PAYING, DraftGateConfig, RowGate, StepCosts, choose_drafting
 from .sage import SageConfig, SagePolicy
 
 
@@ -23,23 +24,44 @@ class AutoPolicy(TreePolicy):
     batch's chains are as long as the steps measured so far say pays best (`ChainLength`, shared by the rows and kept
     across calls); a batch with a sampling row drafts `chain.default` tokens, so its seeded draws do not depend on the
     machine's speed and a seeded job resumed at the same batch size draws the same text. Each row keeps SAGE's
-    confidence.
+    confidence. Where drafting does not pay (a draft that does not match the target, a context past what it handles,
+    a batch whose verification is compute-bound) rows take plain steps, probing now and then (`DraftGate`): decoding
+    then costs what plain `generate` costs.
     """
 
     name = "auto"
 
-    def __init__(self, sage: SageConfig | None = None, chain: ChainLengthConfig | None = None):
+    def __init__(
+        self,
+        sage: SageConfig | None = None,
+        chain: ChainLengthConfig | None = None,
+        gate: DraftGateConfig | None = None,
+    ):
         self.sage = SagePolicy(sage)
         self.lengths = ChainLength(chain)
+        self.costs = StepCosts(gate or DraftGateConfig())
+        self.gate = RowGate(self.costs)
 
     def for_row(self) -> AutoPolicy:
-        """A row's policy: its own SAGE state; the chain length is learned by the batch, shared with every row."""
-        row = AutoPolicy(self.sage.config, self.lengths.config)
-        row.lengths = self.lengths
+        """A row's policy: its own SAGE state and gate; the chain length and the step costs are learned by the batch,
+        shared with every row (and kept across calls)."""
+        row = AutoPolicy(self.sage.config, self.lengths.config, self.costs.config)
+        row.lengths, row.costs = self.lengths, self.costs
+        row.gate = RowGate(self.costs)
         return row
 
     def reset(self) -> None:
         self.sage.reset()
+        self.gate = RowGate(self.costs)
+
+    def drafting(self, rows: Sequence[TreePolicy], sampling: Sequence[bool], rooms: Sequence[int]) -> list[str | None]:
+        return choose_drafting([row.gate for row in rows], sampling, rooms)
+
+    def observe_plain(self, rows: Sequence[TreePolicy], reasons: Sequence[str | None], seconds: float) -> None:
+        self.costs.observe(len(rows), seconds, drafted=False)
+        for row, reason in zip(rows, reasons, strict=True):
+            if reason == NOT_PAYING:
+                row.gate.skipped()
 
     def plan(self) -> TreePlan:
         return self.sage.plan()
@@ -51,8 +73,14 @@ class AutoPolicy(TreePolicy):
         return self.sage.statistics(root_log_probs)
 
     def observe(self, step: StepOutcome) -> None:
-        self.sage.observe(step)
         batch, drafted = step.batch, step.tree.size - 1
+        if batch is None or batch.first:
+            self.costs.observe(1 if batch is None else batch.rows, step.seconds, drafted=True)
+        if not step.drafted:
+            self.gate.skipped()
+            return
+        self.gate.observe(step.accepted + 1, 1 if batch is None else batch.rows)
+        self.sage.observe(step)
         if batch is not None or step.tree.depth == drafted:
             # A chain (a row alone decodes SAGE's trees, which teach the chains nothing).
             self.lengths.observe_row(step.accepted, drafted, 1 if batch is None else batch.rows)

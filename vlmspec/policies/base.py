@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .draft_gate import LAST_TOKEN
+
 if TYPE_CHECKING:
     from ..engine.tree import DraftTree
 
@@ -168,7 +170,8 @@ class StepOutcome:
 
     `tree` is the drafted tree (on the draft's device, with its cumulative draft path log-probabilities) and `path`
     the accepted node indices from the root on. Contexts are the cache lengths the tree was drafted and verified
-    over; seconds are wall time (the whole step's, and its two model phases).
+    over; seconds are wall time (the whole step's, and its two model phases). `drafted` is False for a row that rode
+    along in the step with its root alone, while other rows drafted (`TreePolicy.drafting`).
 
     The engine reads the step's results from the device once: `statistics` holds the values of the policy's
     `statistics()` for this step, and, for a policy that `reads_tree`, `tree_parents` and `tree_log_probs` are the
@@ -190,6 +193,7 @@ class StepOutcome:
     tree_parents: list[int] | None = None
     tree_log_probs: list[float] | None = None
     batch: BatchShape | None = None
+    drafted: bool = True
 
 
 class TreePolicy(ABC):
@@ -229,6 +233,15 @@ class TreePolicy(ABC):
     def observe(self, step: StepOutcome) -> None:
         """Learn from a finished step (the draft's log-probabilities are under the generation config's processing,
         -inf where its warpers cut a token)."""
+
+    def drafting(self, rows: Sequence[TreePolicy], sampling: Sequence[bool], rooms: Sequence[int]) -> list[str | None]:
+        """Per row of the next step (decoded under `rows`, this policy's `for_row` copies; `sampling` whether each
+        samples, `rooms` the tokens each may still emit): None where it drafts, else why it takes the target's next
+        token alone. A row with one token left never drafts; a policy that weighs what drafting costs stops more."""
+        return [None if room > 1 else LAST_TOKEN for room in rooms]
+
+    def observe_plain(self, rows: Sequence[TreePolicy], reasons: Sequence[str | None], seconds: float) -> None:
+        """A step in which no row drafted (`reasons`, as `drafting` gave them) took `seconds`."""
 
     @property
     def confidence(self) -> float | None:

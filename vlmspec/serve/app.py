@@ -349,10 +349,12 @@ class _Answer:
     def _speculation(self) -> dict[str, Any]:
         steps = [step for r in self.results.values() if r.stats is not None for step in r.stats.steps]
         accepted = sum(step.accepted for step in steps)
+        plain = sum(step.plain is not None for step in steps)
         return {
             "steps": len(steps),
+            "plain_steps": plain,
             "accepted_draft_tokens": accepted,
-            "mean_accepted_length": accepted / len(steps) if steps else 0.0,
+            "mean_accepted_length": accepted / (len(steps) - plain) if len(steps) > plain else 0.0,
         }
 
     def _failure(self) -> APIError | None:

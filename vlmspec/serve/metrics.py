@@ -30,9 +30,14 @@ class ServerMetrics:
             registry=r,
         )
         self.steps = Counter("vlmspec_steps", "Decoding steps of finished sequences (each sequence's own)", registry=r)
+        self.plain_steps = Counter(
+            "vlmspec_plain_steps", "Steps of finished sequences that drafted nothing (drafts did not pay)", registry=r
+        )
         self.accepted = Counter("vlmspec_accepted_draft_tokens", "Draft tokens the target accepted", registry=r)
         self.mean_accepted = Gauge(
-            "vlmspec_mean_accepted_length", "Accepted draft tokens per step, over every finished sequence", registry=r
+            "vlmspec_mean_accepted_length",
+            "Accepted draft tokens per drafting step, over every finished sequence",
+            registry=r,
         )
         self.mean_accepted.set_function(self._mean_accepted)
         self.step_seconds = Histogram(
@@ -59,11 +64,12 @@ class ServerMetrics:
         """Book a finished sequence's steps (the target alone reports none)."""
         if stats is None:
             return
-        accepted = sum(step.accepted for step in stats.steps)
+        accepted, plain = sum(step.accepted for step in stats.steps), stats.plain_steps
         with self._lock:
-            self._steps += len(stats.steps)
+            self._steps += len(stats.steps) - plain
             self._accepted += accepted
         self.steps.inc(len(stats.steps))
+        self.plain_steps.inc(plain)
         self.accepted.inc(accepted)
         for step in stats.steps:
             self.step_seconds.observe(step.seconds)
