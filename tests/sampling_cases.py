@@ -8,7 +8,7 @@ from functools import cache
 import torch
 from conftest import FAMILIES
 
-from vlmspec import SageGtConfig, SpecStats, SpeculativeVLM
+from vlmspec import SageGtConfig, SpecStats, SpeculativeVLM, TreePolicy
 from vlmspec.testing.distribution import GTest, continuations, eos_ids, exact_continuations, g_test
 
 SAMPLES = 2000
@@ -28,8 +28,10 @@ def exact(case: str, warp: str) -> dict[tuple[int, ...], float]:
     return exact_continuations(FAMILY.target, FAMILY.cases[case], NEW_TOKENS, MIN_MASS[warp], **WARPS[warp])
 
 
-def speculative_test(policy: str | SageGtConfig, draft: str, case: str, warp: str) -> tuple[GTest, SpecStats]:
-    """G test of SAMPLES continuations drawn by SpeculativeVLM (from one prefill, decoded together) against the exact
+def speculative_test(
+    policy: str | SageGtConfig | TreePolicy, draft: str, case: str, warp: str, samples: int = SAMPLES
+) -> tuple[GTest, SpecStats]:
+    """G test of `samples` continuations drawn by SpeculativeVLM (from one prefill, decoded together) against the exact
     distribution."""
     inputs = FAMILY.cases[case]
     spec = SpeculativeVLM(FAMILY.target, FAMILY.drafts[draft], policy=policy)
@@ -37,7 +39,7 @@ def speculative_test(policy: str | SageGtConfig, draft: str, case: str, warp: st
         **inputs,
         do_sample=True,
         max_new_tokens=NEW_TOKENS,
-        num_return_sequences=SAMPLES,
+        num_return_sequences=samples,
         generator=torch.Generator().manual_seed(0),
         **WARPS[warp],
     )

@@ -276,3 +276,20 @@ def test_a_slow_first_step_at_a_batch_size_is_taken_as_a_warm_up():
     assert costs.ratio(4) == pytest.approx(2.0)
     costs.observe(4, 3.0, drafted=False)
     assert costs.plain[4] == pytest.approx(2.0)
+
+
+def test_while_rows_draft_plain_steps_are_timed_again_ever_more_rarely():
+    """A plain time taken while the machine was busy must not keep rows drafting for good: after 4, 8, 16, ...
+    drafting steps (then every `retime`), a greedy batch runs a plain step to time it again."""
+    costs = timed(2.0, 1.0, config=DraftGateConfig(retime=16))
+    gaps = []
+    for _ in range(6):
+        drafted = 0
+        while choose_drafting([gate(costs, 5)], [False], [100]) == [None]:
+            costs.observe(1, 2.0, drafted=True)
+            drafted += 1
+        assert choose_drafting([gate(costs, 5)], [False], [100]) == [TIMING]
+        costs.observe(1, 1.0, drafted=False)
+        gaps.append(drafted)
+    assert gaps == [4, 8, 16, 16, 16, 16]
+    assert not StepCosts(DraftGateConfig(cost_ratio=2.0)).untimed(1)

@@ -14,13 +14,12 @@ import re
 
 import pytest
 import torch
-from sampling_cases import ALPHA, FAMILY, NEW_TOKENS, WARPS, exact
+from sampling_cases import ALPHA, speculative_test
 from test_batch import assert_rows_equal_their_own_generate, early_eos, padded_batch
 
 from vlmspec import SpeculativeVLM
 from vlmspec.policies import AutoPolicy
 from vlmspec.policies.draft_gate import LAST_TOKEN, NOT_PAYING, DraftGateConfig
-from vlmspec.testing.distribution import continuations, eos_ids, g_test
 
 #: Rows draft twice (they expect 2 tokens a step against a ratio of 1.5), a random draft's steps emit one token, so
 #: they switch drafting off, then probe every ceil((1.5 - 1) / 0.25) = 2 plain steps.
@@ -60,14 +59,14 @@ def pattern(steps) -> str:
     return "".join(LETTERS[step.plain] for step in steps)
 
 
-def batch_pattern(spec: SpeculativeVLM) -> str:
-    """The pair's steps so far as letters: D where some row drafted, else P."""
-    return "".join("D" if None in reasons else "P" for reasons in spec.policy.decisions)
+def batch_pattern(policy: LoggedPolicy) -> str:
+    """The policy's steps so far as letters: D where some row drafted, else P."""
+    return "".join("D" if None in reasons else "P" for reasons in policy.decisions)
 
 
-def mixed_steps(spec: SpeculativeVLM) -> int:
-    """The pair's steps so far in which some rows drafted while others took plain steps as drafts do not pay."""
-    return sum(None in reasons and NOT_PAYING in reasons for reasons in spec.policy.decisions)
+def mixed_steps(policy: LoggedPolicy) -> int:
+    """The policy's steps so far in which some rows drafted while others took plain steps as drafts do not pay."""
+    return sum(None in reasons and NOT_PAYING in reasons for reasons in policy.decisions)
 
 
 def new_tokens(out: torch.Tensor, inputs: dict) -> list[int]:
@@ -138,7 +137,7 @@ def test_rows_of_a_batch_catch_up_on_the_tokens_each_missed_and_propose_the_targ
         assert torch.equal(result.sequence, family.reference(case, budgets[case])), case
         drafted = [step for step in result.stats.steps if step.plain is None]
         assert drafted and all(step.accepted == step.greedy_depth for step in drafted), case
-    assert re.search("PPDPPD", batch_pattern(spec)), batch_pattern(spec)
+    assert re.search("PPDPPD", batch_pattern(spec.policy)), batch_pattern(spec.policy)
 
 
 def test_every_row_of_a_padded_batch_equals_its_own_generate_while_the_rows_switch(family):
@@ -149,7 +148,7 @@ def test_every_row_of_a_padded_batch_equals_its_own_generate_while_the_rows_swit
     out = spec.generate(**batch, do_sample=False, max_new_tokens=24, eos_token_id=eos)
     assert torch.equal(out, family.target.generate(**batch, do_sample=False, max_new_tokens=24, eos_token_id=eos))
     assert_rows_equal_their_own_generate(family, batch, out, rows, eos_token_id=eos)
-    assert re.search("D+P+D+P", batch_pattern(spec)), batch_pattern(spec)
+    assert re.search("D+P+D+P", batch_pattern(spec.policy)), batch_pattern(spec.policy)
 
 
 def mixed_batch(family, spec: SpeculativeVLM, greedy: dict[str, int]) -> dict:
@@ -172,7 +171,7 @@ def test_in_steps_where_some_rows_draft_and_others_do_not_every_greedy_row_equal
     for case, budget in greedy.items():
         expected = qwen.target.generate(**qwen.cases[case], do_sample=False, max_new_tokens=budget)
         assert torch.equal(results["greedy", case].sequence, expected), case
-    assert mixed_steps(spec) > 0, spec.policy.decisions
+    assert mixed_steps(spec.policy) > 0, spec.policy.decisions
 
 
 def test_a_sampled_rows_draws_do_not_depend_on_when_the_other_rows_draft(qwen):
@@ -191,38 +190,27 @@ def test_a_sampled_rows_draws_do_not_depend_on_when_the_other_rows_draft(qwen):
         assert "D" in pattern(first.stats.steps) and "P" in pattern(first.stats.steps), case
 
 
-def sampled_g_test(draft: str, gate: DraftGateConfig, case: str, warp: str) -> SpeculativeVLM:
+def sampled_g_test(draft: str, gate: DraftGateConfig, case: str, warp: str) -> LoggedPolicy:
     """DRAWS continuations of NEW_TOKENS tokens drawn as one call's rows, each row deciding by its own steps, pass a
-    G test against the target's exact distribution; returns the pair (its policy logged the steps)."""
-    inputs = FAMILY.cases[case]
-    spec = gated(FAMILY, draft, gate)
-    sequences = spec.generate(
-        **inputs,
-        do_sample=True,
-        max_new_tokens=NEW_TOKENS,
-        num_return_sequences=DRAWS,
-        generator=torch.Generator().manual_seed(0),
-        **WARPS[warp],
-    )
-    samples = continuations(sequences, inputs["input_ids"].shape[1], eos_ids(FAMILY.target, {}))
-    result = g_test(samples, exact(case, warp))
+    G test against the target's exact distribution; returns the policy, which logged the steps."""
+    policy = LoggedPolicy(gate)
+    result, _ = speculative_test(policy, draft, case, warp, DRAWS)
     assert result.samples == DRAWS and result.impossible == 0
     assert result.passes(ALPHA), result
-    return spec
+    return policy
 
 
 def test_samples_follow_the_targets_exact_distribution_while_rows_switch_drafting_off_and_on():
     """A partly agreeing draft: every row drafts first, then rows whose drafts were rejected take plain steps beside
     rows that draft, and probe."""
     gate = DraftGateConfig(cost_ratio=1.5, loss=0.25, prior_tokens=1.6)
-    spec = sampled_g_test("noisy", gate, "video", "top_k_top_p")
-    decisions = spec.policy.decisions
-    assert set(decisions[0]) == {None} and mixed_steps(spec) > 0, decisions
+    policy = sampled_g_test("noisy", gate, "video", "top_k_top_p")
+    assert set(policy.decisions[0]) == {None} and mixed_steps(policy) > 0, policy.decisions
 
 
 def test_samples_follow_the_targets_exact_distribution_when_a_draft_that_pays_is_switched_on():
-    spec = sampled_g_test("self", STARTS_PLAIN, "text", "temperature")
-    assert re.match("P+D", batch_pattern(spec)), spec.policy.decisions
+    policy = sampled_g_test("self", STARTS_PLAIN, "text", "temperature")
+    assert re.match("P+D", batch_pattern(policy)), policy.decisions
 
 
 def test_the_same_seed_draws_the_same_samples_while_rows_switch(qwen):

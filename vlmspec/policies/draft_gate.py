@@ -12,9 +12,10 @@ A row that stops drafting learns nothing more about its draft, so it probes: aft
 more (the draft first catches up on the tokens it missed, in one forward). A probe costs at most `T_spec - T_plain`
 more than the plain step it replaces (it emits at least the target's own token), so probing once every `K` plain
 steps costs at most `(c - 1) / (K + 1)` of plain decoding's time; `K = ceil((c - 1) / loss)` bounds that share by
-`loss`. `K` is capped by `longest_run`, so the tokens a probe catches up on stay within a forward the draft runs
-anyway: where `c > 1 + loss * longest_run` (a drafting step dearer than 3.4 plain ones, by default) the bound is
-`(c - 1) / (longest_run + 1)` instead.
+`loss`. `K` is capped by `longest_run`, so the tokens a probe catches up on fit one forward of at most
+`longest_run + 2` tokens: where `c > 1 + loss * longest_run` (a drafting step dearer than 3.4 plain ones, by default)
+the bound is `(c - 1) / (longest_run + 1)` instead. (Compiled, a catch-up of more than 65 tokens runs at a padded
+size the warm-up does not compile: it compiles on first use; on a GPU, where c is small, K stays well below that.)
 
 Rows that sample decide without the clock: their seeded draws follow which steps drafted, so a clock-driven choice
 would make a seeded call's text depend on the machine's speed or on what else is in flight. They compare their own
@@ -44,7 +45,7 @@ class DraftGateConfig:
     until both kinds of step have been timed. `untimed_ratio`: the ratio rows that sample compare with. `cost_ratio`:
     a fixed ratio for every row instead of the measured one (None: measured). `longest_run`: the most plain steps
     between two probes. `window`: how many recent steps of each kind and batch size the step times are the median
-    of."""
+    of. `retime`: the most drafting steps of a batch size between two plain steps that time it."""
 
     loss: float = 0.02
     prior_tokens: float = 3.0
@@ -54,6 +55,7 @@ class DraftGateConfig:
     cost_ratio: float | None = None
     longest_run: int = 120
     window: int = 9
+    retime: int = 64
 
     def __post_init__(self):
         if not 0 < self.loss < 1 or not 0 < self.memory <= 1:
@@ -61,8 +63,8 @@ class DraftGateConfig:
         ratios = [self.prior_ratio, self.untimed_ratio] + ([] if self.cost_ratio is None else [self.cost_ratio])
         if self.prior_tokens < 1 or min(ratios) < 1:
             raise ValueError("prior_tokens and the cost ratios must be at least 1 (a step emits one token at least)")
-        if self.longest_run < 1 or self.window < 1:
-            raise ValueError(f"longest_run and window must be at least 1, got {self.longest_run} and {self.window}")
+        if min(self.longest_run, self.window, self.retime) < 1:
+            raise ValueError("longest_run, window and retime must be at least 1")
 
     def interval(self, ratio: float) -> int:
         """Plain steps between probes at cost ratio `ratio`: `ceil((ratio - 1) / loss)`, from 1 to `longest_run`."""
@@ -78,7 +80,9 @@ class StepCosts:
     busy elsewhere), and one such plain step in a mean would price plain decoding so high that drafting looks worth
     it for good (drafting steps never time plain ones again). The first step of a kind at a batch size runs shapes
     the process has not run before and is dropped once a second has run; a batch size counts as timed for plain
-    steps once two have."""
+    steps once two have. While rows draft, plain steps are timed again now and then (after 4, 8, 16, ... drafting
+    steps, then every `retime`), so a plain time taken while the machine was busy cannot keep rows drafting for
+    good."""
 
     def __init__(self, config: DraftGateConfig):
         self.config = config
@@ -87,6 +91,7 @@ class StepCosts:
         self.tokens = config.prior_tokens
         self._counts: dict[tuple[bool, int], int] = {}
         self._recent: dict[tuple[bool, int], deque[float]] = {}
+        self._drafted_since: dict[int, int] = {}
 
     def ratio(self, rows: int) -> float:
         """`T_spec / T_plain` at `rows` rows: from the nearest batch size where both were timed, else the prior."""
@@ -100,13 +105,18 @@ class StepCosts:
         return max(1.0, self.drafting[nearest] / self.plain[nearest])
 
     def untimed(self, rows: int) -> bool:
-        """Whether fewer than two plain steps of `rows` rows have been timed (and the ratio is measured, not fixed)."""
-        return self.config.cost_ratio is None and self._counts.get((False, rows), 0) < 2
+        """Whether the next step of `rows` rows should be a plain one that is timed: fewer than two have been, or
+        enough drafting steps ran since the last (never where the ratio is fixed)."""
+        if self.config.cost_ratio is not None:
+            return False
+        timed = self._counts.get((False, rows), 0)
+        return timed < 2 or self._drafted_since.get(rows, 0) >= min(self.config.retime, 2**timed)
 
     def observe(self, rows: int, seconds: float, drafted: bool) -> None:
         """A step of `rows` rows took `seconds` (wall time, its one read included)."""
         key = (drafted, rows)
         count = self._counts[key] = self._counts.get(key, 0) + 1
+        self._drafted_since[rows] = self._drafted_since.get(rows, 0) + 1 if drafted else 0
         recent = self._recent.setdefault(key, deque(maxlen=self.config.window))
         if count == 2:
             recent.clear()  # the first was a warm-up
@@ -158,9 +168,10 @@ def choose_drafting(gates: Sequence[RowGate], sampling: Sequence[bool], rooms: S
     """Per row, None where it drafts this step, else why it does not (`NOT_PAYING`, `LAST_TOKEN`, `TIMING`).
 
     Greedy rows draft together or not at all: a drafting step verifies every row's tree padded to the largest, so what
-    decides is whether the greedy rows' mean expected tokens exceed the measured cost ratio (or a probe is due). The
-    first time a batch of its size runs, with nothing drafting, it runs one plain step to time it (`TIMING`), so the
-    ratio is measured before it is relied on. Rows that sample decide alone, by the untimed ratio. Once any row
+    decides is whether the greedy rows' mean expected tokens exceed the measured cost ratio (or a probe is due). When
+    plain steps of the batch's size need timing (`StepCosts.untimed`: the first two, then one now and then while rows
+    draft) and no row that samples drafts, the step runs plain to time one (`TIMING`), so the ratio is measured
+    before it is relied on, and again as it drifts. Rows that sample decide alone, by the untimed ratio. Once any row
     drafts the step costs a drafting step's time, so every greedy row drafts in it; a row with one token left never
     drafts (no draft token could be emitted)."""
     rows = len(gates)
