@@ -11,6 +11,7 @@ processors see each node's own sequence); without processors nothing here loops 
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -97,24 +98,15 @@ def plain_rows(roots: torch.Tensor) -> RowsDrafted:
     on the tokens it missed when it next drafts)."""
     device, rows = roots.device, roots.shape[0]
     nothing, no_log_probs = zeros(rows, device), zeros(rows, device, torch.float32)[:, None]
-    trees = TreeRows(roots[:, None], no_log_probs, _ROOT_PARENT[device], nothing[:1], _ROOT_SEES[device], 0)
+    parents, ancestors = _root_structure(device)
+    trees = TreeRows(roots[:, None], no_log_probs, parents, nothing[:1], ancestors, 0)
     return RowsDrafted(trees, no_log_probs, [0] * rows, nothing, [1] * rows, [0] * rows, 0, 0)
 
 
-class _RootTensors(dict):
-    """A one-node tree's parents ([-1]) or ancestors ([[True]]) per device, made once."""
-
-    def __init__(self, make):
-        super().__init__()
-        self.make = make
-
-    def __missing__(self, device: torch.device) -> torch.Tensor:
-        self[device] = held = self.make(device)
-        return held
-
-
-_ROOT_PARENT = _RootTensors(lambda device: torch.full((1,), -1, dtype=torch.long, device=device))
-_ROOT_SEES = _RootTensors(lambda device: torch.ones(1, 1, dtype=torch.bool, device=device))
+@functools.cache
+def _root_structure(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A one-node tree's parents ([-1]) and ancestors ([[True]]) on `device`, made once."""
+    return torch.full((1,), -1, dtype=torch.long, device=device), torch.ones(1, 1, dtype=torch.bool, device=device)
 
 
 #: Each row's tokens so far: one `(B, T)` tensor (each row padded with its own last token) when the rows share a

@@ -25,7 +25,7 @@ class AutoPolicy(TreePolicy):
     across calls); a batch with a sampling row drafts `chain.default` tokens, so its seeded draws do not depend on the
     machine's speed and a seeded job resumed at the same batch size draws the same text. Each row keeps SAGE's
     confidence. Where drafting does not pay (a draft that does not match the target, a context past what it handles,
-    a batch whose verification is compute-bound) rows take plain steps, probing now and then (`DraftGate`): decoding
+    a batch whose verification is compute-bound) rows take plain steps, probing now and then (`draft_gate`): decoding
     then costs what plain `generate` costs.
     """
 
