@@ -484,10 +484,7 @@ class BatchDecoder:
             plain,
             on_device=kept == "sinks",
         )
-        counts = [report.count for report in accepted.reports]
-        if kept == "batch":
-            self._tokens.take(accepted.tokens, counts)
-        self._strings.advance(accepted.tokens, counts)
+        self._advance(accepted, kept)
 
     def _step_together(
         self,
@@ -559,10 +556,7 @@ class BatchDecoder:
             plain,
             on_device=kept == "sinks",
         )
-        counts = [report.count for report in accepted.reports]
-        if kept == "batch":
-            self._tokens.take(accepted.tokens, counts)
-        self._strings.advance(accepted.tokens, counts)
+        self._advance(accepted, kept)
 
     def _step_plain(
         self, rows: list[_Row], plain: list[str | None], target: RowRunner, timer: PhaseTimer, step_started: float
@@ -595,7 +589,6 @@ class BatchDecoder:
             self._judge_on_host(rows, accepted, logits)
         seconds = time.perf_counter() - step_started
         self.policy.observe_plain([row.policy for row in rows], plain, seconds)
-        counts = [report.count for report in accepted.reports]
         for b, row in enumerate(rows):
             report = accepted.reports[b]
             row.missed += report.tokens[: report.count]
@@ -603,6 +596,12 @@ class BatchDecoder:
             record.seconds, record.plain = seconds, plain[b]
             row.stats.steps.append(record)
             row.sink.take(accepted.tokens[b], report, kept == "sinks")
+        self._advance(accepted, kept)
+
+    def _advance(self, accepted: RowsVerdict, kept: str) -> None:
+        """After a step: the tokens it emitted join the batch's `(B, T)` tensor where it keeps them there (`kept`, as
+        `_row_sequences` said), and every row's stop-string window."""
+        counts = [report.count for report in accepted.reports]
         if kept == "batch":
             self._tokens.take(accepted.tokens, counts)
         self._strings.advance(accepted.tokens, counts)
