@@ -4,7 +4,8 @@ Per pair (Qwen2.5-VL-7B + 3B, Qwen3-VL-8B + 2B, LLaVA-OneVision 7b + 0.5b, as th
 plain `generate` ms per token; the target's verification ms for trees of --nodes nodes over a cache of each of
 --contexts tokens; the draft's ms per tree level of --widths tokens; vlmspec's own ms per step outside the two
 models' forwards, per policy; HF assisted generation's ms per step on the same pair; and, stated as a projection,
-each policy's speedup over plain `generate` with the acceptance lengths the SAGE paper reports for the family.
+each policy's speedup over plain `generate` with the acceptance lengths the SAGE paper reports for the family, and the
+own ms per step at which that projection breaks even (what vlmspec's own work must fall below to beat `generate`).
 Prompts are random text tokens (a cache of L tokens costs the same whatever filled it); every run is greedy.
 Attention is the models' default, SDPA (vlmspec's tree attention in its own forwards). With --compile on, plain
 `generate` runs with a static cache compiled by `torch.compile` and the verification and draft-level forwards run
@@ -234,41 +235,61 @@ def own_ms_per_step(
     return statistics.median(own), steps
 
 
-def report_pair(name: str, args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> dict:
+def report_pair(
+    name: str, args: argparse.Namespace, device: torch.device, dtype: torch.dtype, save: Callable[[dict], None]
+) -> dict:
+    """Every cost of `name`'s pair; `save(result)` is called after each measurement with what is known so far, so a
+    run stopped part-way keeps what it measured (plain `generate` first, then verification, then the draft)."""
     pair = REPLICA_PAIRS[name]
     target = build(pair.target, args.scale, device, dtype)
     draft = build(pair.draft, args.scale, device, dtype)
     contexts, nodes, widths = args.contexts, args.nodes, args.widths
-    rows = {}
+    result: dict = {"contexts": {}, "own_ms_per_step": {}}
     for context in contexts:
-        rows[context] = {
-            "ar_ms_per_token": ar_ms_per_token(target, context, args.new_tokens, args.repeats, args.compile),
-            "verify_ms": verification_ms(target, context, nodes, args.repeats, args.compile),
-            "draft_level_ms": level_ms(draft, context, widths, args.repeats, args.compile),
-            "hf_assisted_ms_per_step": assisted_ms_per_step(target, draft, context, args.new_tokens, args.repeats),
-        }
-    own = {p: own_ms_per_step(target, draft, p, contexts[0], args.new_tokens, args.repeats) for p in POLICIES}
-    for row in rows.values():
+        row = result["contexts"][context] = {}
+        row["ar_ms_per_token"] = ar_ms_per_token(target, context, args.new_tokens, args.repeats, args.compile)
+        save(result)
+        row["verify_ms"] = verification_ms(target, context, nodes, args.repeats, args.compile)
+        save(result)
+        row["draft_level_ms"] = level_ms(draft, context, widths, args.repeats, args.compile)
+        save(result)
+        if args.assisted:
+            row["hf_assisted_ms_per_step"] = assisted_ms_per_step(target, draft, context, args.new_tokens, args.repeats)
+            save(result)
+    own = {}
+    for policy in POLICIES:
+        own[policy] = own_ms_per_step(target, draft, policy, contexts[0], args.new_tokens, args.repeats)
+        result["own_ms_per_step"][policy] = {"ms": own[policy][0], "steps": own[policy][1]}
+        save(result)
+    for row in result["contexts"].values():
         row["projection"] = {
-            policy: dict(zip(("ms_per_step", "speedup"), values, strict=True))
+            policy: dict(zip(("ms_per_step", "speedup", "own_break_even_ms"), values, strict=True))
             for policy, values in projection(name, row, nodes, widths, own).items()
         }
+    save(result)
     del target, draft
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return {"contexts": rows, "own_ms_per_step": {p: {"ms": o[0], "steps": o[1]} for p, o in own.items()}}
+    return result
 
 
 def projection(name: str, row: dict, nodes: list[int], widths: list[int], own: dict) -> dict:
     """Per policy: projected ms per step (its drafting and verification interpolated from the measured costs, plus
-    its measured own time) and speedup `(1 + tau) * generate ms per token / ms per step` at the paper's tau."""
+    its measured own time), speedup `(1 + tau) * generate ms per token / ms per step` at the paper's tau, and the own
+    time per step at which that speedup would be exactly 1 (`(1 + tau) * generate ms per token - drafting -
+    verification`: what vlmspec's own work must fall below to beat plain `generate`; negative when the forwards alone
+    already lose)."""
     taus = PAPER_TAU[name]
     result = {}
     for policy, (level_widths, verified) in PROJECTED_STEPS.items():
         drafting = sum(float(np.interp(w, widths, row["draft_level_ms"])) for w in level_widths)
-        step = drafting + float(np.interp(verified, nodes, row["verify_ms"])) + own[policy][0]
-        speedup = (1 + taus[policy]) * row["ar_ms_per_token"] / step if policy in taus else None
-        result[policy] = (step, speedup)
+        forwards = drafting + float(np.interp(verified, nodes, row["verify_ms"]))
+        step = forwards + own[policy][0]
+        if policy in taus:
+            budget = (1 + taus[policy]) * row["ar_ms_per_token"]
+            result[policy] = (step, budget / step, budget - forwards)
+        else:
+            result[policy] = (step, None, None)
     return result
 
 
@@ -285,7 +306,7 @@ def markdown(name: str, result: dict, args: argparse.Namespace) -> str:
         "| --- " * (3 + len(args.nodes) + len(args.widths)) + "|",
     ]
     for context, row in result["contexts"].items():
-        assisted = row["hf_assisted_ms_per_step"]
+        assisted = row.get("hf_assisted_ms_per_step", "not measured")
         lines.append(
             f"| {context} | {row['ar_ms_per_token']:.2f} | "
             + " | ".join(f"{v:.2f}" for v in row["verify_ms"] + row["draft_level_ms"])
@@ -305,7 +326,23 @@ def markdown(name: str, result: dict, args: argparse.Namespace) -> str:
             speedup = "n/a" if projected["speedup"] is None else f"{projected['speedup']:.2f}x"
             cells += [f"{projected['ms_per_step']:.2f}", speedup]
         lines.append(f"| {context} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + break_even_lines(result)) + "\n"
+
+
+def break_even_lines(result: dict) -> list[str]:
+    """The table of what vlmspec's own ms per step must fall below for each policy to beat plain `generate`."""
+    rows = list(result["contexts"].values())
+    policies = [p for p in POLICIES if rows and rows[0]["projection"][p]["own_break_even_ms"] is not None]
+    lines = ["", "Own ms per step at which the projection breaks even with plain `generate` (measured own ms beside):"]
+    lines += ["", "| context | " + " | ".join(f"{p} break-even | {p} own" for p in policies) + " |"]
+    lines += ["| --- " * (1 + 2 * len(policies)) + "|"]
+    for context, row in result["contexts"].items():
+        cells = []
+        for policy in policies:
+            own = result["own_ms_per_step"][policy]["ms"]
+            cells += [f"{row['projection'][policy]['own_break_even_ms']:.2f}", f"{own:.2f}"]
+        lines.append(f"| {context} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _ints(text: str) -> list[int]:
@@ -323,9 +360,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--widths", type=_ints, default=[1, 2, 4, 8, 16], help="draft level widths")
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens per generate call")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--out", help="also write the numbers as JSON here")
+    parser.add_argument("--out", help="also write the numbers as JSON here, rewritten after every measurement")
     parser.add_argument(
         "--compile", choices=["off", "on"], default="off", help="generate, verification and draft levels compiled"
+    )
+    parser.add_argument(
+        "--no-assisted", dest="assisted", action="store_false", help="leave HF assisted generation unmeasured"
     )
     args = parser.parse_args(argv)
     unknown = set(args.pairs) - set(PAIRS)
@@ -337,13 +377,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
-    results = {}
+    results: dict = {}
+
+    def save(pair: str, result: dict) -> None:
+        results[pair] = result
+        if args.out:
+            document = {"settings": vars(args), "pairs": results}
+            Path(args.out).write_text(json.dumps(document, indent=1, default=str))
+
     with torch.inference_mode():
         for name in args.pairs:
-            results[name] = report_pair(name, args, device, dtype)
+            report_pair(name, args, device, dtype, lambda result, name=name: save(name, result))
             print(markdown(name, results[name], args), flush=True)
-    if args.out:
-        Path(args.out).write_text(json.dumps({"settings": vars(args), "pairs": results}, indent=1, default=str))
     return results
 
 

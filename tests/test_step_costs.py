@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -45,8 +46,30 @@ def test_the_projection_is_one_plus_tau_tokens_in_the_time_of_a_step():
     row = {"ar_ms_per_token": 10.0, "verify_ms": [20.0, 20.0], "draft_level_ms": [1.0, 1.0]}
     own = {policy: (2.0, 1) for policy in step_costs.POLICIES}
     projected = step_costs.projection("qwen2_5_vl", row, [1, 64], [1, 16], own)
-    assert projected["chain"] == (5 * 1.0 + 20.0 + 2.0, (1 + 3.67) * 10.0 / 27.0)
+    assert projected["chain"][:2] == (5 * 1.0 + 20.0 + 2.0, (1 + 3.67) * 10.0 / 27.0)
     assert projected["sage"][0] == 8 * 1.0 + 20.0 + 2.0
+
+
+def test_the_break_even_own_time_is_what_leaves_the_projection_at_exactly_plain_generates_speed():
+    row = {"ar_ms_per_token": 10.0, "verify_ms": [20.0, 20.0], "draft_level_ms": [1.0, 1.0]}
+    own = {policy: (2.0, 1) for policy in step_costs.POLICIES}
+    step, _, break_even = step_costs.projection("qwen2_5_vl", row, [1, 64], [1, 16], own)["chain"]
+    assert break_even == (1 + 3.67) * 10.0 - (5 * 1.0 + 20.0)
+    at_break_even = {policy: (break_even, 1) for policy in step_costs.POLICIES}
+    assert step_costs.projection("qwen2_5_vl", row, [1, 64], [1, 16], at_break_even)["chain"][1] == 1.0
+    assert step_costs.projection("qwen3_vl", row, [1, 64], [1, 16], own)["chain"][1:] == (None, None)
+
+
+def test_the_json_is_written_as_it_is_measured_and_assisted_generation_can_be_left_out(tmp_path):
+    out = tmp_path / "costs.json"
+    argv = ["--scale", "tiny", "--device", "cpu", "--dtype", "float32", "--pairs", "llava_onevision", "--contexts", "32"]
+    argv += ["--nodes", "1,4", "--widths", "1,2", "--new-tokens", "4", "--repeats", "1", "--no-assisted"]
+    results = step_costs.main([*argv, "--out", str(out)])
+    written = json.loads(out.read_text())["pairs"]["llava_onevision"]
+    row = written["contexts"]["32"]
+    assert row["ar_ms_per_token"] == results["llava_onevision"]["contexts"][32]["ar_ms_per_token"]
+    assert "hf_assisted_ms_per_step" not in row and set(row["projection"]) == set(step_costs.POLICIES)
+    assert set(written["own_ms_per_step"]) == set(step_costs.POLICIES)
 
 
 def test_unknown_pairs_are_refused():
