@@ -63,7 +63,8 @@ def test_the_break_even_own_time_is_what_leaves_the_projection_at_exactly_plain_
 def test_the_json_is_written_as_it_is_measured_and_assisted_generation_can_be_left_out(tmp_path):
     out = tmp_path / "costs.json"
     argv = ["--scale", "tiny", "--device", "cpu", "--dtype", "float32", "--pairs", "llava_onevision"]
-    argv += ["--contexts", "32", "--nodes", "1,4", "--widths", "1,2", "--new-tokens", "4", "--repeats", "1", "--no-assisted"]
+    argv += ["--contexts", "32", "--nodes", "1,4", "--widths", "1,2", "--new-tokens", "4", "--repeats", "1"]
+    argv += ["--no-assisted"]
     results = step_costs.main([*argv, "--out", str(out)])
     written = json.loads(out.read_text())["pairs"]["llava_onevision"]
     row = written["contexts"]["32"]
