@@ -16,6 +16,7 @@ from vlmspec import (
     SageGtConfig,
     SpeculativeVLM,
 )
+from vlmspec.adapters import adapter_for
 from vlmspec.policies import AdaptiveTreePlan, TreePlan, TreePolicy
 
 #: Rows of different prompt lengths: text, an image, a video and a long prompt.
@@ -25,7 +26,7 @@ NEW_TOKENS = 24
 
 def padded_batch(family, cases=ROWS) -> dict:
     """The left-padded batch of `cases`, as the family's processor makes it for a list of prompts."""
-    adapter = SpeculativeVLM(family.target, family.target, "chain")._target_runner.adapter
+    adapter = adapter_for(family.target)
     rows = [family.cpu_cases[c] for c in cases]
     return on_device(adapter.join_rows(rows, family.processor.tokenizer.pad_token_id))
 

@@ -233,7 +233,7 @@ class ModelAdapter(ABC):
         }
         with self._pruned(None if keep is None else keep[None]):
             out = self.model(
-                **model_inputs, position_ids=positions, past_key_values=cache, use_cache=True, logits_to_keep=1
+                **model_inputs, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1
             )
         length = inputs["input_ids"].shape[1] if keep is None else int(keep.sum())
         # Generation goes on from the last prompt token's position, not the largest: text after a long video sits
@@ -252,7 +252,7 @@ class ModelAdapter(ABC):
         }
         with self._pruned(keep):
             out = self.model(
-                **model_inputs, position_ids=positions, past_key_values=cache, use_cache=True, logits_to_keep=1
+                **model_inputs, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1
             )
         rows = inputs["input_ids"].shape[0]
         return out.logits[:, -1], [int(positions[..., b, -1].max()) + 1 for b in range(rows)]
@@ -271,7 +271,7 @@ class ModelAdapter(ABC):
             input_ids=input_ids[None],
             position_ids=self.position_ids(positions),
             attention_mask=bias,
-            past_key_values=cache,
+            cache=cache,
             use_cache=True,
         )
         return out.logits[0]

@@ -222,7 +222,7 @@ class RowRunner:
             input_ids=tokens,
             position_ids=position_ids,
             attention_mask=mask,
-            past_key_values=self.cache,
+            cache=self.cache,
             use_cache=True,
         )
         with tree_attention(self.adapter.language_model.config):
