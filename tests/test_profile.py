@@ -7,6 +7,7 @@ import torch
 from conftest import DEVICE
 
 from vlmspec import SpeculativeVLM
+from vlmspec.adapters import adapter_for
 from vlmspec.engine.counting import host_values
 from vlmspec.eval.profile import LaunchCounter, markdown_table, profile_generate, profile_policy
 from vlmspec.testing import noisy_copy, tiny_qwen2_5_vl
@@ -142,7 +143,7 @@ def test_a_plain_step_asks_no_more_of_a_gpu_than_generates_own_step(cases, confi
     for batch_size in (1, 4):
         inputs = cases["image"]
         if batch_size > 1:
-            inputs = spec._target_runner.adapter.join_rows([inputs] * batch_size, 0)
+            inputs = adapter_for(spec.target).join_rows([inputs] * batch_size, 0)
         generate = profile_generate(target, inputs, 24, config).per("step")
         plain = profile_policy(spec, "plain", cases["image"], 24, config, batch_size).per("step")
         assert plain["draft launches"] == 0

@@ -16,6 +16,7 @@ from conftest import DEVICE
 from sampling_cases import ALPHA, FAMILY, NEW_TOKENS, SAMPLES, WARPS, alone_test, exact, speculative_test
 
 from vlmspec import SageGtConfig, SpeculativeVLM
+from vlmspec.adapters import adapter_for
 from vlmspec.testing import noisy_copy
 from vlmspec.testing.distribution import continuations, eos_ids, g_test
 
@@ -149,7 +150,7 @@ def test_every_row_of_a_sampled_batch_follows_its_prompts_exact_distribution():
     """A padded batch of an image row and a video row, each drawn SAMPLES times in one batched call: every row's
     draws pass the G test against its own prompt's exact distribution."""
     cases = ("image", "video")
-    adapter = SpeculativeVLM(FAMILY.target, FAMILY.target, "chain")._target_runner.adapter
+    adapter = adapter_for(FAMILY.target)
     pad = FAMILY.processor.tokenizer.pad_token_id
     batch = {
         k: v.to(FAMILY.target.device) for k, v in adapter.join_rows([FAMILY.cpu_cases[c] for c in cases], pad).items()

@@ -159,8 +159,8 @@ def test_a_real_processor_samples_frames_by_its_familys_rule():
         assert real_processor(family, config).frame_sampling == packed_processor(family, config).frame_sampling
 
 
-def test_a_familys_video_processing_comes_from_its_adapter(monkeypatch):
-    from vlmspec.adapters import VideoProcessing, registry
+def test_a_familys_video_processing_comes_from_its_adapter():
+    from vlmspec.adapters import VideoProcessing, register_adapter, unregister_adapter
     from vlmspec.adapters.llava_onevision import LlavaOnevisionAdapter
     from vlmspec.processors import UniformSampling
     from vlmspec.processors.video_config import family_for, frame_sampling_for
@@ -175,9 +175,13 @@ def test_a_familys_video_processing_comes_from_its_adapter(monkeypatch):
             sampling="uniform",
         )
 
-    monkeypatch.setattr(registry, "_ADAPTERS", [NewFamilyAdapter, *registry._ADAPTERS])
-    assert family_for("NewFamilyProcessor", {}) is NewFamilyAdapter.video_processing
-    assert family_for("", {"video_processor_type": "NewFamilyVideoProcessor"}) is NewFamilyAdapter.video_processing
-    assert isinstance(frame_sampling_for("NewFamilyProcessor", {"num_frames": 6}), UniformSampling)
-    _, settings = video_settings("NewFamilyProcessor", {"num_frames": 6})
-    assert settings["size"] == {"height": 224, "width": 224} and settings["num_frames"] == 6
+    register_adapter(NewFamilyAdapter)
+    try:
+        assert family_for("NewFamilyProcessor", {}) is NewFamilyAdapter.video_processing
+        assert family_for("", {"video_processor_type": "NewFamilyVideoProcessor"}) is NewFamilyAdapter.video_processing
+        assert isinstance(frame_sampling_for("NewFamilyProcessor", {"num_frames": 6}), UniformSampling)
+        _, settings = video_settings("NewFamilyProcessor", {"num_frames": 6})
+        assert settings["size"] == {"height": 224, "width": 224} and settings["num_frames"] == 6
+    finally:
+        unregister_adapter(NewFamilyAdapter)
+    assert family_for("NewFamilyProcessor", {}) is None

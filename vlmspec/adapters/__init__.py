@@ -7,6 +7,7 @@ from .registry import (
     adapter_for,
     register_adapter,
     supported_model_classes,
+    unregister_adapter,
     video_processing,
 )
 
@@ -20,5 +21,6 @@ __all__ = [
     "adapter_for",
     "register_adapter",
     "supported_model_classes",
+    "unregister_adapter",
     "video_processing",
 ]

@@ -232,9 +232,7 @@ class ModelAdapter(ABC):
             k: inputs[k] for k in self.input_keys if k not in self.position_only_keys and inputs.get(k) is not None
         }
         with self._pruned(None if keep is None else keep[None]):
-            out = self.model(
-                **model_inputs, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1
-            )
+            out = self.model(**model_inputs, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1)
         length = inputs["input_ids"].shape[1] if keep is None else int(keep.sum())
         # Generation goes on from the last prompt token's position, not the largest: text after a long video sits
         # below the video's last temporal positions (its positions advance by the frame grid, not the clip length).
@@ -251,9 +249,7 @@ class ModelAdapter(ABC):
             k: inputs[k] for k in self.input_keys if k not in self.position_only_keys and inputs.get(k) is not None
         }
         with self._pruned(keep):
-            out = self.model(
-                **model_inputs, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1
-            )
+            out = self.model(**model_inputs, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1)
         rows = inputs["input_ids"].shape[0]
         return out.logits[:, -1], [int(positions[..., b, -1].max()) + 1 for b in range(rows)]
 

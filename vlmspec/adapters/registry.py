@@ -19,6 +19,11 @@ def register_adapter(adapter: type[ModelAdapter]) -> type[ModelAdapter]:
     return adapter
 
 
+def unregister_adapter(adapter: type[ModelAdapter]) -> None:
+    """Take back a registration of `register_adapter` (the families it served fall to earlier registrations)."""
+    _ADAPTERS.remove(adapter)
+
+
 def video_processing() -> list[VideoProcessing]:
     """Every registered family's video processing, later registrations first."""
     return [adapter.video_processing for adapter in _ADAPTERS if adapter.video_processing is not None]
