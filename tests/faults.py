@@ -86,9 +86,9 @@ def after_record(k: int) -> None:
 def generating(k: int) -> None:
     """While the k-th input to reach the model decodes: at the target's second forward pass from the prefill that
     takes it in on (its first verification, a decoding step it takes part in, or another prefill after it); the input
-    is never recorded. Inputs reach the model through `BatchDecoder._admit_all` (the inputs joining a batch, one or
+    is never recorded. Inputs reach the model through `BatchDecoder.admit` (the inputs joining a batch, one or
     many, prefilled together or one by one)."""
-    admit_all = BatchDecoder._admit_all
+    admit_all = BatchDecoder.admit
     seen = [0]
 
     def arm(model) -> None:
@@ -102,19 +102,19 @@ def generating(k: int) -> None:
             arm(self.prefiller.target.adapter.model)
         return admit_all(self, requests, target, draft)
 
-    BatchDecoder._admit_all = admit_all_and_die
+    BatchDecoder.admit = admit_all_and_die
 
 
 def decoding(k: int) -> None:
     """As the k-th input starts decoding: on a thread that reads media ahead, while the inputs before it generate."""
-    load, now = captioning._load, Countdown(k)
+    load, now = captioning.load_input, Countdown(k)
 
     def load_or_die(*args, **kwargs):
         if now():
             die()
         return load(*args, **kwargs)
 
-    captioning._load = load_or_die
+    captioning.load_input = load_or_die
 
 
 class _OsDyingAtReplace:

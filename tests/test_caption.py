@@ -453,14 +453,14 @@ def test_the_command_lines_default_batch_size_is_the_librarys():
 def test_an_error_reading_an_input_that_is_not_the_inputs_fault_stops_the_job_at_it(
     pair, collection, tmp_path, monkeypatch
 ):
-    load = captioning._load
+    load = captioning.load_input
 
     def failing(path, *args):
         if path.endswith("d.jpg"):
             raise RuntimeError("the decoder crashed")
         return load(path, *args)
 
-    monkeypatch.setattr(captioning, "_load", failing)
+    monkeypatch.setattr(captioning, "load_input", failing)
     out = tmp_path / "captions.jsonl"
     spec = load_pair(*pair, device_map=device_map())
     with pytest.raises(CaptioningStopped) as stopped:

@@ -10,7 +10,6 @@ import torch
 from test_batch import NEW_TOKENS, ROWS, assert_rows_equal_their_own_generate, early_eos, padded_batch
 
 from vlmspec import SpeculativeVLM
-from vlmspec.engine import row_runner
 from vlmspec.engine.cache import fixed_capacity
 from vlmspec.engine.compiled import (
     COMPILE_ENV,
@@ -23,11 +22,19 @@ from vlmspec.engine.compiled import (
 POLICIES = ("chain", "static-tree", "sage", "sage-gt")
 
 
-def fixed_shapes(spec: SpeculativeVLM) -> SpeculativeVLM:
-    """Both models' decoding on the fixed-shape path, run eager (the path compiled forwards take)."""
-    spec._target_runner.compiled = spec.target
-    spec._draft_runner.compiled = spec.draft
-    return spec
+class DecodingForwards:
+    """What each decoding forward of `model` is given (those with a 4-D mask; the prompt's forwards have none): the
+    rows, the tokens, the keys the mask spans, and the cache it writes into."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.seen: list[tuple[int, int, int, object]] = []
+        self.handle = model.register_forward_pre_hook(self._record, with_kwargs=True)
+
+    def _record(self, module, args, kwargs) -> None:
+        mask = kwargs.get("attention_mask")
+        if mask is not None and mask.dim() == 4:
+            rows, tokens = kwargs["input_ids"].shape
+            self.seen.append((rows, tokens, mask.shape[-1], kwargs["cache"]))
 
 
 def test_padded_sizes_are_powers_of_two_then_multiples_of_sixteen():
@@ -48,37 +55,31 @@ def test_fixed_capacities_are_few_and_waste_at_most_an_eighth():
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("case", ["image", "video", "long_prompt"])
 def test_fixed_shape_decoding_equals_target_generate(family, case, policy):
-    spec = fixed_shapes(SpeculativeVLM(family.target, family.drafts["noisy"], policy=policy, compile="off"))
+    spec = SpeculativeVLM(family.target, family.drafts["noisy"], policy=policy, compile="shapes")
     assert torch.equal(spec.generate(**family.cases[case], max_new_tokens=32), family.reference(case))
 
 
 def test_fixed_shape_decoding_equals_target_generate_with_pruning_and_a_masked_sage(qwen):
     from vlmspec import SageConfig
 
-    spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"], policy=SageConfig(fixed_shapes=True), compile="off")
-    fixed_shapes(spec)
+    spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"], policy=SageConfig(fixed_shapes=True), compile="shapes")
     assert torch.equal(spec.generate(**qwen.cases["video"], max_new_tokens=32), qwen.reference("video"))
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-def test_fixed_shape_batches_decode_every_row_as_its_own_generate(family, policy, monkeypatch):
+def test_fixed_shape_batches_decode_every_row_as_its_own_generate(family, policy):
     """Every batched forward pads its rows to their bucket and its tokens to a padded size, and attends over the cache's
     capacity; one row stops early, so the bucket shrinks as rows finish."""
-    shapes = []
-    run = row_runner.RowRunner._run
-
-    def recorded(self, tokens, *args):
-        shapes.append((self.cache.fixed, self.cache.bucket, self.cache.span == self.cache.capacity))
-        return run(self, tokens, *args)
-
-    monkeypatch.setattr(row_runner.RowRunner, "_run", recorded)
     batch = padded_batch(family)
     eos = early_eos(family)
-    spec = fixed_shapes(SpeculativeVLM(family.target, family.drafts["noisy"], policy, compile="off"))
+    spec = SpeculativeVLM(family.target, family.drafts["noisy"], policy, compile="shapes")
+    forwards = DecodingForwards(family.target)
     out = spec.generate(**batch, do_sample=False, max_new_tokens=NEW_TOKENS, eos_token_id=eos)
+    forwards.handle.remove()
     assert_rows_equal_their_own_generate(family, batch, out, ROWS, eos_token_id=eos)
-    assert all(fixed and spanned for fixed, _, spanned in shapes)
-    assert shapes[0][1] == 4 and shapes[-1][1] < 4
+    assert all(rows == row_bucket(rows) and tokens == padded_size(tokens) for rows, tokens, _, _ in forwards.seen)
+    assert all(cache.fixed and span == cache.capacity for _, _, span, cache in forwards.seen)
+    assert forwards.seen[0][0] == 4 and forwards.seen[-1][0] < 4
 
 
 def test_compiled_batches_decode_every_row_as_its_own_generate(qwen):
@@ -91,7 +92,7 @@ def test_compiled_batches_decode_every_row_as_its_own_generate(qwen):
 
 def test_compiled_decoding_equals_target_generate(qwen):
     spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"], policy="chain", pruning=None, compile="on")
-    assert spec._target_runner.compiled is not None
+    assert spec.compiled
     assert torch.equal(spec.generate(**qwen.cases["image"], max_new_tokens=16), qwen.reference("image", 16))
 
 
@@ -142,25 +143,22 @@ def test_the_command_line_offers_the_librarys_compile_choices():
     assert cli.load_options(args)["compile"] == "on"
 
 
-def test_compiled_batches_keep_their_cache_buffers_from_batch_to_batch(qwen, monkeypatch):
-    caches = []
-    init = row_runner.RowRunner.__init__
-
-    def recorded(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        caches.append(self.cache)
-
-    monkeypatch.setattr(row_runner.RowRunner, "__init__", recorded)
-    spec = fixed_shapes(SpeculativeVLM(qwen.target, qwen.drafts["noisy"], policy="chain", compile="off"))
+def test_compiled_batches_keep_their_cache_buffers_from_batch_to_batch(qwen):
+    spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"], policy="chain", compile="shapes")
     cases = ("image", "text")
     batch = padded_batch(qwen, cases)
+    caches = []
     for max_new_tokens in (8, NEW_TOKENS):
+        forwards = DecodingForwards(qwen.target)
         out = spec.generate(**batch, do_sample=False, max_new_tokens=max_new_tokens)
+        forwards.handle.remove()
+        caches.append({id(cache): cache for *_, cache in forwards.seen})
     assert_rows_equal_their_own_generate(qwen, batch, out, cases)
-    first, second = caches[:2], caches[2:]
-    for before, after in zip(first, second, strict=True):
-        assert after.fixed and after is not before
-        assert {d: s.data_ptr() for d, s in after._slabs.items()} == {d: s.data_ptr() for d, s in before._slabs.items()}
+    ((before,), (after,)) = (list(c.values()) for c in caches)
+    assert after.fixed and after is not before
+    assert [after.layer_slab(i)[0].data_ptr() for i in range(2)] == [
+        before.layer_slab(i)[0].data_ptr() for i in range(2)
+    ]
 
 
 def test_copies_of_a_compiled_model_compile_their_own(qwen):
@@ -177,7 +175,7 @@ def test_copies_of_a_compiled_model_compile_their_own(qwen):
 def test_warm_up_runs_every_padded_size_once_and_leaves_decoding_exact(qwen):
     from vlmspec.engine.compiled import LARGEST_FORWARD, padded_sizes
 
-    spec = fixed_shapes(SpeculativeVLM(qwen.target, qwen.drafts["noisy"], policy="sage", compile="off"))
+    spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"], policy="sage", compile="shapes")
     sizes = []
     handle = qwen.target.register_forward_pre_hook(
         lambda module, args, kwargs: sizes.append(kwargs["input_ids"].shape[1]), with_kwargs=True

@@ -185,14 +185,20 @@ def test_a_stop_string_ends_the_answer_before_it(client, spec, media):
     assert streamed == full[: full.index(stop)]
 
 
-def test_n_choices_each_decode_the_chat_from_one_prefill(server, client, spec, monkeypatch):
-    prefiller = server.app.state.backend.spec._batch.prefiller
+def test_n_choices_each_decode_the_chat_from_one_prefill(server, client, spec):
     prefills = []
-    prefill_target = prefiller.prefill_target
-    monkeypatch.setattr(prefiller, "prefill_target", lambda *args: prefills.append(1) or prefill_target(*args))
+
+    def count_prompt_forwards(module, args, kwargs) -> None:
+        if kwargs.get("logits_to_keep") == 1:
+            prefills.append(kwargs["input_ids"].shape[0])
+
+    handle = server.app.state.backend.spec.target.register_forward_pre_hook(count_prompt_forwards, with_kwargs=True)
     messages = [{"role": "user", "content": "Describe a circle."}]
-    answer = ask(client, messages, n=3)
-    assert len(prefills) == 1
+    try:
+        answer = ask(client, messages, n=3)
+    finally:
+        handle.remove()
+    assert prefills == [1], "one prompt forward of one row"
     expected = reference(spec, messages, TOKENS)
     assert [c.index for c in answer.choices] == [0, 1, 2]
     assert all(c.message.content == expected for c in answer.choices)

@@ -180,7 +180,7 @@ class BatchDecoder:
                     error = request.error or RequestCancelled("cancelled before it ran")
                     yield RowResult(request.key, None, None, error)
                 joined = len(rows)
-                for request, admitted in self._admit_all(joining.rows, target, draft):
+                for request, admitted in self.admit(joining.rows, target, draft):
                     if isinstance(admitted, Exception):
                         yield RowResult(request.key, None, None, admitted)
                     elif admitted.sink.finished:
@@ -217,7 +217,7 @@ class BatchDecoder:
         padded size up to `largest` tokens over its row (compiling each), then let it go undecoded."""
         target, draft = self._runners(1)
         try:
-            ((_, row),) = self._admit_all([request], target, draft)
+            ((_, row),) = self.admit([request], target, draft)
             if isinstance(row, Exception):
                 raise row
             if row.sink.finished:
@@ -245,12 +245,13 @@ class BatchDecoder:
         target.check_compiled(first)
         draft.check_compiled(first.clamp_max(self.draft_input_limit - 1))
 
-    def _admit_all(
+    def admit(
         self, requests: list[RowRequest], target: RowRunner, draft: RowRunner
     ) -> list[tuple[RowRequest, _Row | Exception]]:
         """Admit the requests joining the batch: prompts of similar lengths (of their own inputs) prefilled together
         in one padded forward of the target, the others (and any group whose forward fails) one by one, a prompt that
-        cannot be prefilled failing alone."""
+        cannot be prefilled failing alone. Every input reaches the models through here (the seam where fault tests
+        stop a job while an input decodes)."""
         admitted: list[tuple[RowRequest, _Row | Exception]] = []
         alone: list[RowRequest] = []
         for group in _similar_lengths(requests):
@@ -327,7 +328,7 @@ class BatchDecoder:
                 self._draft_keep(requests[b], layouts[b], scorers[b], admitted[b][1]) if prunes[b] else None
                 for b in going_on
             ]
-            starts, lengths = self._prefill_drafts(
+            starts, lengths = self.prefill_drafts(
                 [requests[b] for b in going_on], keeps, [admitted[b][1] for b in going_on]
             )
             for b in going_on:
@@ -346,7 +347,7 @@ class BatchDecoder:
         row.stats.phase_seconds["pruning"] += time.perf_counter() - started
         return keep
 
-    def _prefill_drafts(
+    def prefill_drafts(
         self, requests: list[RowRequest], keeps: list[torch.Tensor | None], rows: list[_Row]
     ) -> tuple[list[int], list[int]]:
         """Prefill the draft over the requests' prompts, each cut to its `keeps`, in one left-padded forward; returns

@@ -37,6 +37,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 COMPILE_CHOICES = ("auto", "on", "off")
+#: A setting beside `COMPILE_CHOICES`: the compiled path's fixed shapes (padded sizes, row buckets, a mask over the
+#: cache's capacity) run eager, without compiling: what a compiled run decodes minus the compiler, to tell a shape bug
+#: from a compiler bug. Failures raise, as under `"on"`.
+FIXED_SHAPES = "shapes"
 #: Overrides `compile="auto"` everywhere (`on` or `off`), e.g. to run a test suite compiled.
 COMPILE_ENV = "VLMSPEC_COMPILE"
 
@@ -54,14 +58,16 @@ _NOTICES: set[tuple[int, str]] = set()
 
 
 def resolve_compile(setting: str | bool) -> str:
-    """`True`/`False`/`"on"`/`"off"`/`"auto"` as one of `COMPILE_CHOICES`; `"auto"` takes `VLMSPEC_COMPILE`."""
+    """`True`/`False`/`"on"`/`"off"`/`"auto"`/`"shapes"` as one of `COMPILE_CHOICES` or `FIXED_SHAPES`; `"auto"`
+    takes `VLMSPEC_COMPILE`."""
+    choices = (*COMPILE_CHOICES, FIXED_SHAPES)
     choice = {True: "on", False: "off"}.get(setting, setting) if isinstance(setting, bool) else setting
-    if choice not in COMPILE_CHOICES:
-        raise ValueError(f"compile must be True, False or one of {', '.join(COMPILE_CHOICES)}, got {setting!r}")
+    if choice not in choices:
+        raise ValueError(f"compile must be True, False or one of {', '.join(choices)}, got {setting!r}")
     if choice == "auto":
         override = os.environ.get(COMPILE_ENV, "auto").strip().lower()
-        if override not in COMPILE_CHOICES:
-            raise ValueError(f"{COMPILE_ENV} must be one of {', '.join(COMPILE_CHOICES)}, got {override!r}")
+        if override not in choices:
+            raise ValueError(f"{COMPILE_ENV} must be one of {', '.join(choices)}, got {override!r}")
         choice = override
     return choice
 
@@ -79,8 +85,11 @@ def _why_eager(model: PreTrainedModel) -> str | None:
 def compiled_forward(model: PreTrainedModel, setting: str | bool, role: str) -> Callable | None:
     """The compiled module to run `model`'s decoding forwards through, or None to run them eager (with a one-line
     notice, once per model, when compiling was asked for or is the default and cannot be had). Under `"auto"` a model
-    whose compiled forwards once failed, or failed their check, runs eager (it was reported then)."""
+    whose compiled forwards once failed, or failed their check, runs eager (it was reported then). Under `"shapes"`
+    the model itself: its forwards take the compiled path's fixed shapes, uncompiled."""
     choice = resolve_compile(setting)
+    if choice == FIXED_SHAPES:
+        return model
     device = model.get_input_embeddings().weight.device
     if choice == "off" or (choice == "auto" and device.type not in AUTO_DEVICE_TYPES):
         return None
@@ -141,7 +150,7 @@ class CompileGuard:
     """
 
     def __init__(self, setting: str | bool):
-        self.strict = resolve_compile(setting) == "on"
+        self.strict = resolve_compile(setting) in ("on", FIXED_SHAPES)
         self.runners: weakref.WeakSet[Runner] = weakref.WeakSet()
 
     def attach(self, runner: Runner) -> None:
