@@ -314,7 +314,8 @@ class CaptioningStopped(Exception):
         return isinstance(self.error, CONFIGURATION_ERRORS)
 
 
-def _load(path: str, settings: CaptionSettings, frame_sampling: Any) -> tuple[str, Any]:
+def load_input(path: str, settings: CaptionSettings, frame_sampling: Any) -> tuple[str, Any]:
+    """One input's kind (`"image"` or `"video"`) and its media, read as `settings` and `frame_sampling` say."""
     kind = media_kind(path)
     if kind == "image":
         return kind, load_image(path)
@@ -332,7 +333,7 @@ def _load(path: str, settings: CaptionSettings, frame_sampling: Any) -> tuple[st
 def _prepare(spec: SpeculativeVLM, path: str, settings: CaptionSettings, processing: threading.Lock) -> dict:
     """One input's model inputs: its medium decoded, then processed with the prompt (one input at a time: processors
     and their tokenizers are not made for concurrent calls), checked against the context."""
-    kind, media = _load(path, settings, spec.processor.frame_sampling)
+    kind, media = load_input(path, settings, spec.processor.frame_sampling)
     prompt = settings.prompt or DEFAULT_PROMPTS[kind]
     images, videos = ([media], []) if kind == "image" else ([], [media])
     with processing:
