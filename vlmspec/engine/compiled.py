@@ -22,17 +22,11 @@ import logging
 import os
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 from torch.utils._triton import has_triton
 from transformers import PreTrainedModel
-
-if TYPE_CHECKING:
-    from .row_runner import RowRunner
-    from .runner import ModelRunner
-
-    Runner = ModelRunner | RowRunner
 
 logger = logging.getLogger(__name__)
 
@@ -140,6 +134,16 @@ def _held(model: PreTrainedModel) -> _Held | None:
     return held if held is not None and held.owner == id(model) else None
 
 
+class CheckedRunner(Protocol):
+    """What the guard reads of a runner it checks: its model (through its adapter), its role and its compiled form."""
+
+    adapter: Any
+    role: str
+
+    @property
+    def compiled(self) -> Callable | None: ...
+
+
 class CompileGuard:
     """What a pair does when its compiled forwards misbehave. Under `compile="on"` (`strict`) a forward that raises
     raises. Under `"auto"` the pair (both models) runs eager from then on, with one warning that names the error and
@@ -147,23 +151,26 @@ class CompileGuard:
     nothing. Under `"auto"` each model is also checked once at first use (`RowRunner.check_compiled`, before the rows'
     first step): its compiled forwards must choose the tokens its eager ones choose on a short greedy decode, or the
     pair falls back the same way.
+
+    The guard decides and the runners ask: `failure` (None while compiled forwards may run) is what every runner of
+    the pair reads before a compiled forward; the guard changes no runner.
     """
 
     def __init__(self, setting: str | bool):
         self.strict = resolve_compile(setting) in ("on", FIXED_SHAPES)
-        self.runners: weakref.WeakSet[Runner] = weakref.WeakSet()
+        self.failure: str | None = None
+        self.models: weakref.WeakSet[PreTrainedModel] = weakref.WeakSet()
 
-    def attach(self, runner: Runner) -> None:
-        """Count `runner` (whose forwards run compiled: the pair's own, or a batch's while it decodes) in the pair: a
-        fallback turns it eager too."""
-        self.runners.add(runner)
+    def attach(self, model: PreTrainedModel) -> None:
+        """Count `model` in the pair: a fallback marks its compiled form failed for every wrapper of it too."""
+        self.models.add(model)
 
-    def needs_check(self, runner: RowRunner) -> bool:
+    def needs_check(self, runner: CheckedRunner) -> bool:
         """Whether `runner`'s compiled forwards are still to be checked against its eager ones (under `"auto"` only)."""
         held = _held(runner.adapter.model)
         return not self.strict and runner.compiled is not None and held is not None and not held.checked
 
-    def check(self, runner: RowRunner, greedy: Callable[[bool], list]) -> None:
+    def check(self, runner: CheckedRunner, greedy: Callable[[bool], list]) -> None:
         """Under `"auto"`, once per model: compare the tokens `greedy(True)` chooses through `runner`'s compiled
         forwards with those `greedy(False)` chooses through eager ones (a short greedy decode), and let the model run
         on compiled or fall the pair back."""
@@ -172,7 +179,7 @@ class CompileGuard:
         chosen = {}
         for compiled in (True, False):
             chosen[compiled] = greedy(compiled)
-            if runner.compiled is None:
+            if self.failure is not None:
                 return
         if chosen[True] == chosen[False]:
             self.passed(runner)
@@ -182,23 +189,23 @@ class CompileGuard:
                 f"{CHECK_TOKENS}-token greedy decode (compiled {chosen[True]}, eager {chosen[False]})"
             )
 
-    def passed(self, runner: RowRunner) -> None:
+    def passed(self, runner: CheckedRunner) -> None:
         """`runner`'s model passed its check: no wrapper of it checks it again."""
         held = _held(runner.adapter.model)
         if held is not None:
             held.checked = True
 
     def fall_back(self, what: str, error: Exception | None = None) -> None:
-        """`what` went wrong in a compiled forward (`error`, if it raised): raise it under `"on"`; under `"auto"` run
-        the pair eager from now on (every wrapper of its models too) and say so once."""
+        """`what` went wrong in a compiled forward (`error`, if it raised): raise it under `"on"`; under `"auto"` decide
+        that the pair runs eager from now on (every wrapper of its models too) and say so once."""
         if self.strict and error is not None:
             raise error
         reason = what if error is None else f"{what} raised {_describe(error)}"
-        for runner in list(self.runners):
-            held = _held(runner.adapter.model)
+        self.failure = reason
+        for model in list(self.models):
+            held = _held(model)
             if held is not None:
                 held.failure = reason
-            runner.compiled = None
         logger.warning(
             "vlmspec: compiled decoding is off for this pair (target and draft run eager from now on): %s. "
             'Pass compile="on" (--compile on, or %s=on) to %s.',

@@ -49,16 +49,21 @@ class RowRunner:
         reuse: RowCache | None = None,
     ):
         self.adapter = adapter
-        self.compiled = compiled
+        self._compiled = compiled
         self.role = role
         self.guard = guard if compiled is not None else None
         if self.guard is not None:
-            self.guard.attach(self)
+            self.guard.attach(adapter.model)
         self.cache = RowCache(adapter.layer_devices(), slots, fixed=compiled is not None, reuse=reuse)
         self.offsets: list[int] = []
         self._offsets: tuple[list[int], torch.Tensor] | None = None
         self._eager = False
         self.refresh()
+
+    @property
+    def compiled(self) -> Callable | None:
+        """The compiled form the forwards run through, or None to run eager (also once the pair's guard fell back)."""
+        return None if self.guard is not None and self.guard.failure is not None else self._compiled
 
     def refresh(self) -> None:
         self.device = self.adapter.device

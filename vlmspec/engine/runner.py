@@ -31,11 +31,11 @@ class ModelRunner:
         role: str = "model",
     ):
         self.adapter = adapter
-        self.compiled = compiled
+        self._compiled = compiled
         self.role = role
         self.guard = guard if compiled is not None else None
         if self.guard is not None:
-            self.guard.attach(self)
+            self.guard.attach(adapter.model)
         self.cache: SlabCache | None = None
         self.offset = 0
         check_cache(adapter.model.config)
@@ -45,6 +45,11 @@ class ModelRunner:
     def length(self) -> int:
         """Positions in the cache."""
         return 0 if self.cache is None else self.cache.length
+
+    @property
+    def compiled(self) -> Callable | None:
+        """The compiled form the forwards run through, or None to run eager (also once the pair's guard fell back)."""
+        return None if self.guard is not None and self.guard.failure is not None else self._compiled
 
     def refresh(self) -> None:
         """Read the model's device and dtype (once per call: looking them up costs more than a tree operation)."""
