@@ -183,7 +183,8 @@ def check_processor(processor: LogitsProcessor, input_ids: torch.Tensor, target:
     """Refuse a custom logits processor seen to keep state between calls. It is called twice on a copy of the prompt
     (the first call may set up caches); one whose attributes change on the second call assumes one call per generated
     token, while vlmspec calls it for every node of every draft tree and for the draft's proposals too. State held
-    elsewhere (a closure, a global) cannot be seen: see the README on what a processor must satisfy."""
+    elsewhere (a closure, a global) cannot be seen: see docs/generate-contract.md ("Custom processors") on what a
+    processor must satisfy."""
     if not callable(processor):
         raise TypeError(f"logits_processor holds {processor!r}, which is not a logits processor")
     vocabulary = target.get_output_embeddings().weight.shape[0]
