@@ -35,7 +35,7 @@ from transformers import AutoConfig, PreTrainedModel
 from vlmspec import SpeculativeVLM
 from vlmspec.adapters import adapter_for
 from vlmspec.engine.compiled import compiled_forward
-from vlmspec.engine.counting import host_values
+from vlmspec.engine.device_tensors import host_values
 from vlmspec.engine.row_runner import RowRunner
 from vlmspec.engine.runner import ModelRunner
 from vlmspec.engine.tree import DraftTree, with_edges

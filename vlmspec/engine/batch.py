@@ -34,7 +34,7 @@ from ..policies import (
 from ..pruning import VerifierScores, scoring
 from .choice import NodeProcessing, TargetSampler
 from .commit import plan_commit
-from .counting import arange, host_values
+from .device_tensors import arange, host_values
 from .draft import Drafted, Drafter, SlotsRead
 from .prefill import Prefilled, Prefiller
 from .report import StepReport

@@ -31,7 +31,7 @@ from transformers.generation.logits_process import (
 )
 
 from .accept import draw
-from .counting import host_values
+from .device_tensors import host_values
 
 _ROW_WISE = (
     TemperatureLogitsWarper,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .counting import host_values
+from .device_tensors import host_values
 from .report import StepReport
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from .accept import Verdict
-from .counting import arange, host_values
+from .device_tensors import arange, host_values
 from .tree import DraftTree, TreeRows
 
 

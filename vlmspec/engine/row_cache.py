@@ -17,7 +17,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from .cache import SlabCache, fixed_capacity
 from .compiled import row_bucket
-from .counting import arange, host_values
+from .device_tensors import arange, host_values
 from .schedule import compaction
 
 

@@ -11,7 +11,7 @@ from ..adapters import ModelAdapter
 from ..attention import tree_attention
 from .cache import TREE_ROOM, SlabCache
 from .compiled import CHECK_TOKENS, CompileGuard, padded_size, padded_sizes
-from .counting import arange, host_values
+from .device_tensors import arange, host_values
 from .row_cache import RowCache
 from .runner import ModelRunner
 

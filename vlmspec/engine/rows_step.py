@@ -21,7 +21,7 @@ import torch
 from ..policies import AdaptiveTreePlan, CostAwareTreePlan
 from .accept import Verdict, accept_greedy_rows, accept_sampled_rows
 from .choice import NodeProcessing, TargetSampler
-from .counting import arange, host_values, zeros
+from .device_tensors import arange, host_values, zeros
 from .draft import Drafted, proposal_log_probs, proposal_log_probs_rows
 from .report import StepReport, emitted_rows, pack_rows, read_rows
 from .row_runner import RowRunner

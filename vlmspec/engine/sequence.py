@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from .choice import NodeProcessing, TargetSampler
-from .counting import host_values
+from .device_tensors import host_values
 from .report import StepReport
 from .stopping import Stopping, first_stop
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .counting import arange, host_values
+from .device_tensors import arange, host_values
 
 
 def additive_mask(visible: torch.Tensor, dtype: torch.dtype, prefix_len: int = 0) -> torch.Tensor:

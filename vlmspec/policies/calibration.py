@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..engine.counting import host_values
+from ..engine.device_tensors import host_values
 
 
 class AcceptanceCalibration:
