@@ -87,10 +87,8 @@ def generate(
     Arguments are checked before any model loads; bad ones and bad media raise the `VLMSpecError` of their kind,
     naming the argument or file.
     """
-    prompts = check_prompts(prompt)
-    check_count("max_new_tokens", max_new_tokens, optional=False)
-    check_count("batch_size", batch_size, optional=False)
-    check_frame_request(num_frames, fps, max_frames, start, end)
+    frames = dict(num_frames=num_frames, fps=fps, max_frames=max_frames, start=start, end=end)
+    prompts = _checked_prompts(prompt, max_new_tokens, batch_size, frames)
     spec = load_pair(
         model,
         draft,
@@ -101,18 +99,56 @@ def generate(
         compile=compile,
     )
     runner = spec.with_options(policy, pruning, prune_ratio)
-    frames = dict(num_frames=num_frames, fps=fps, max_frames=max_frames, start=start, end=end)
-    # Every prompt's media are read and its inputs checked before any decoding starts.
+    inputs = _checked_inputs(runner, prompts, images, videos, frames, max_new_tokens)
+    if isinstance(prompt, str):
+        return _generate_one(runner, inputs[0], max_new_tokens, return_stats, options)
+    return _generate_many(runner, inputs, batch_size, max_new_tokens, return_stats, options)
+
+
+def _checked_prompts(
+    prompt: str | list[str], max_new_tokens: int, batch_size: int, frames: dict[str, Any]
+) -> list[str]:
+    """The prompts as a list, once the prompts, counts and frame request are checked (before any model loads)."""
+    prompts = check_prompts(prompt)
+    check_count("max_new_tokens", max_new_tokens, optional=False)
+    check_count("batch_size", batch_size, optional=False)
+    check_frame_request(**frames)
+    return prompts
+
+
+def _checked_inputs(
+    runner: SpeculativeVLM, prompts: list[str], images: Any, videos: Any, frames: dict[str, Any], max_new_tokens: int
+) -> list[dict[str, Any]]:
+    """Every prompt's model inputs, its media read and its length checked against the context, before any decoding
+    starts (a bad medium or an overlong prompt fails the call before any prompt decodes)."""
     inputs = [
         _prompt_inputs(runner, text, _for_prompt(images, i, len(prompts)), _for_prompt(videos, i, len(prompts)), frames)
         for i, text in enumerate(prompts)
     ]
     for row in inputs:
         check_context(runner.context_length, row["input_ids"].shape[1], max_new_tokens)
-    if isinstance(prompt, str):
-        ids = runner.generate(**inputs[0], max_new_tokens=max_new_tokens, **options)
-        text = _decoded(runner, ids, inputs[0])
-        return (text, runner.last_stats) if return_stats else text
+    return inputs
+
+
+def _generate_one(
+    runner: SpeculativeVLM, inputs: dict[str, Any], max_new_tokens: int, return_stats: bool, options: dict[str, Any]
+) -> str | tuple[str, SpecStats]:
+    """A single prompt's text (and its stats with `return_stats`), from one `SpeculativeVLM.generate` call."""
+    ids = runner.generate(**inputs, max_new_tokens=max_new_tokens, **options)
+    text = _decoded(runner, ids, inputs)
+    return (text, runner.last_stats) if return_stats else text
+
+
+def _generate_many(
+    runner: SpeculativeVLM,
+    inputs: list[dict[str, Any]],
+    batch_size: int,
+    max_new_tokens: int,
+    return_stats: bool,
+    options: dict[str, Any],
+) -> list[str] | tuple[list[str], list[SpecStats]]:
+    """A list of prompts' texts in their order (and their stats with `return_stats`), decoded together by
+    `SpeculativeVLM.stream`, up to `batch_size` at once; a prompt's error is raised as it comes."""
     results = {}
     for result in runner.stream(enumerate(inputs), batch_size, max_new_tokens=max_new_tokens, **options):
         if result.error is not None:

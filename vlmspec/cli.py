@@ -14,8 +14,13 @@ import math
 import shlex
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    from .captioning import CaptioningStopped
+    from .speculative import SpeculativeVLM
 
 # The tree policies by name (as vlmspec.policies.POLICY_NAMES; the CLI does not import torch to parse arguments).
 POLICIES = ("auto", "chain", "static-tree", "sage", "sage-gt")
@@ -108,20 +113,7 @@ def _generate(args: argparse.Namespace) -> None:
 
 
 def _caption(args: argparse.Namespace) -> None:
-    from .api import load_pair
     from .captioning import CONFIGURATION_ERRORS, CaptioningStopped, CaptionSettings, run_captioning
-    from .errors import InvalidArgumentError
-
-    def spec_factory(state):
-        if args.device is not None and state.num_processes > 1:
-            raise InvalidArgumentError(
-                f"--device {args.device} names one device for {state.num_processes} processes: leave it out, and "
-                "the launcher gives each process its own"
-            )
-        device_map = device_map_for(state.device if args.device is None else args.device)
-        if device_map[""] == "cpu":
-            device_map = None
-        return load_pair(**load_options(args), device_map=device_map).with_options(args.policy)
 
     settings = CaptionSettings(
         prompt=args.prompt,
@@ -138,7 +130,7 @@ def _caption(args: argparse.Namespace) -> None:
     )
     try:
         summary = run_captioning(
-            spec_factory,
+            _caption_pair_factory(args),
             args.inputs,
             Path(args.out),
             settings,
@@ -149,22 +141,7 @@ def _caption(args: argparse.Namespace) -> None:
     except FileExistsError as error:
         _fail(f"vlmspec caption: {error}", EXIT_CONFIGURATION)
     except CaptioningStopped as stop:
-        print(stop.summary.line())
-        if not stop.configuration:
-            traceback.print_exception(stop.error, file=sys.stderr)
-        cause = "a configuration error" if stop.configuration else "an error of the model"
-        others = len(set(stop.unrecorded) - {stop.path})
-        unrecorded = (
-            f"{stop.path} and the {others} other input{'s' * (others != 1)} then in flight have no record, so "
-            "--resume retries them"
-            if others
-            else f"{stop.path} has no record, so --resume retries it"
-        )
-        _fail(
-            f"vlmspec caption: {cause} stopped the job at {stop.path}: {type(stop.error).__name__}: {stop.error}\n"
-            f"The records written so far stay in {args.out}; {unrecorded}.",
-            EXIT_CONFIGURATION if stop.configuration else EXIT_ERROR,
-        )
+        _caption_stopped(stop, args.out)
     except CONFIGURATION_ERRORS as error:
         _fail(f"vlmspec caption: {type(error).__name__}: {error}", EXIT_CONFIGURATION)
     print(summary.line())
@@ -172,6 +149,46 @@ def _caption(args: argparse.Namespace) -> None:
         raise SystemExit(EXIT_INTERRUPTED)
     if summary.any_errors:
         raise SystemExit(EXIT_ERROR)
+
+
+def _caption_pair_factory(args: argparse.Namespace) -> Callable[[Any], SpeculativeVLM]:
+    """What `run_captioning` calls in each process for its pair: the command line's pair on that process's device
+    (or `--device`, which only one process may name)."""
+    from .api import load_pair
+    from .errors import InvalidArgumentError
+
+    def spec_factory(state: Any) -> SpeculativeVLM:
+        if args.device is not None and state.num_processes > 1:
+            raise InvalidArgumentError(
+                f"--device {args.device} names one device for {state.num_processes} processes: leave it out, and "
+                "the launcher gives each process its own"
+            )
+        device_map = device_map_for(state.device if args.device is None else args.device)
+        if device_map[""] == "cpu":
+            device_map = None
+        return load_pair(**load_options(args), device_map=device_map).with_options(args.policy)
+
+    return spec_factory
+
+
+def _caption_stopped(stop: CaptioningStopped, out: str) -> NoReturn:
+    """A caption job the model or its configuration stopped: its summary, then why and what `--resume` retries."""
+    print(stop.summary.line())
+    if not stop.configuration:
+        traceback.print_exception(stop.error, file=sys.stderr)
+    cause = "a configuration error" if stop.configuration else "an error of the model"
+    others = len(set(stop.unrecorded) - {stop.path})
+    unrecorded = (
+        f"{stop.path} and the {others} other input{'s' * (others != 1)} then in flight have no record, so "
+        "--resume retries them"
+        if others
+        else f"{stop.path} has no record, so --resume retries it"
+    )
+    _fail(
+        f"vlmspec caption: {cause} stopped the job at {stop.path}: {type(stop.error).__name__}: {stop.error}\n"
+        f"The records written so far stay in {out}; {unrecorded}.",
+        EXIT_CONFIGURATION if stop.configuration else EXIT_ERROR,
+    )
 
 
 def _bench(args: argparse.Namespace) -> None:
@@ -452,12 +469,26 @@ def build_parser() -> argparse.ArgumentParser:
         prog="vlmspec", description="Lossless speculative decoding for vision-language models."
     )
     commands = parser.add_subparsers(dest="command", required=True)
+    _add_demo_parser(commands)
+    _add_generate_parser(commands)
+    _add_caption_parser(commands)
+    _add_bench_parser(commands)
+    _add_profile_parser(commands)
+    _add_serve_parser(commands)
+    _add_bench_serve_parser(commands)
+    return parser
 
+
+def _add_demo_parser(commands: argparse._SubParsersAction) -> None:
+    """`vlmspec demo`: the bundled pair on its bundled samples."""
     demo = commands.add_parser("demo", help="caption the bundled sample image and video with the demo pair")
     demo.add_argument("--max-new-tokens", type=_number(int, 1), default=200)
     demo.add_argument("--policy", default="auto", choices=POLICIES)
     demo.set_defaults(run=_demo)
 
+
+def _add_generate_parser(commands: argparse._SubParsersAction) -> None:
+    """`vlmspec generate`: one prompt about images and videos, its answer printed."""
     gen = commands.add_parser("generate", help="answer a prompt about images and videos")
     gen.add_argument("prompt")
     gen.add_argument("--image", action="append", default=[], help="an image path or URL (repeatable)")
@@ -472,6 +503,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gen.set_defaults(run=_generate)
 
+
+def _add_caption_parser(commands: argparse._SubParsersAction) -> None:
+    """`vlmspec caption`: many inputs captioned into a JSON-lines file, batched and resumable."""
     cap = commands.add_parser("caption", help="caption images and videos into a JSON-lines file")
     cap.add_argument("inputs", nargs="+", help="files, folders (searched recursively) or .txt lists of paths")
     cap.add_argument("--out", required=True, help="the JSON-lines file to write")
@@ -506,6 +540,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cap.set_defaults(run=_caption)
 
+
+def _add_bench_parser(commands: argparse._SubParsersAction) -> None:
+    """`vlmspec bench`: every method against plain generate, one sequence at a time or batched."""
     bench = commands.add_parser("bench", help="tau and speedup of every method against plain generate")
     bench.add_argument("--suite", choices=["image", "video", "long-video"], default="video")
     bench.add_argument(
@@ -535,6 +572,14 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["8bit", "4bit"],
         help="quantise the target with bitsandbytes' preset (every method, ar included, runs the quantised target)",
     )
+    _add_batch_bench_options(bench)
+    _add_compile_option(bench)
+    _add_bench_generation_options(bench)
+    bench.set_defaults(run=_bench)
+
+
+def _add_batch_bench_options(bench: argparse.ArgumentParser) -> None:
+    """The batched bench's options: its batch sizes, repeats per cell, and the vLLM peer."""
     bench.add_argument(
         "--batch-size",
         type=_batch_sizes,
@@ -553,10 +598,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --batch-size on the image suite: a Python with vLLM installed (its own environment), to decode the "
         "same items as a peer (default: $VLMSPEC_VLLM_PYTHON; without one the peer is skipped)",
     )
-    _add_compile_option(bench)
-    _add_bench_generation_options(bench)
-    bench.set_defaults(run=_bench)
 
+
+def _add_profile_parser(commands: argparse._SubParsersAction) -> None:
+    """`vlmspec profile`: kernel launches and host reads per decoding step."""
     profile = commands.add_parser(
         "profile", help="kernel launches and host reads per decoding step, per policy, beside plain generate"
     )
@@ -583,6 +628,9 @@ def build_parser() -> argparse.ArgumentParser:
     profile.add_argument("--out", help="also write the table as results.md and the counts as results.json here")
     profile.set_defaults(run=_profile)
 
+
+def _add_serve_parser(commands: argparse._SubParsersAction) -> None:
+    """`vlmspec serve`: the OpenAI-compatible server, its decoding and its per-request limits."""
     srv = commands.add_parser(
         "serve", help="an OpenAI-compatible chat completions server (needs the serving extra: vlmspec[serve])"
     )
@@ -604,6 +652,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="on",
         help="off: the target's own generate over the requests waiting (a baseline to compare with)",
     )
+    _add_serve_limits(srv)
+    srv.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    srv.set_defaults(run=_serve)
+
+
+def _add_serve_limits(srv: argparse.ArgumentParser) -> None:
+    """What `serve` takes from a request: where its media may come from, how many, and how large."""
     srv.add_argument("--allowed-local-media-path", help="the folder file:// media URLs may name (default: none)")
     srv.add_argument(
         "--allowed-media-domains",
@@ -619,9 +674,10 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--max-body-mb", type=_number(float, 0, above=True), default=64.0, help="request body limit")
     srv.add_argument("--max-media-mb", type=_number(float, 0, above=True), default=50.0, help="one medium's limit")
     srv.add_argument("--media-timeout", type=_number(float, 0, above=True), default=10.0, help="seconds per download")
-    srv.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
-    srv.set_defaults(run=_serve)
 
+
+def _add_bench_serve_parser(commands: argparse._SubParsersAction) -> None:
+    """`vlmspec bench-serve`: concurrent clients against vlmspec's server and its peers."""
     load = commands.add_parser(
         "bench-serve",
         help="concurrent openai clients against vlmspec serve, speculation off, transformers serve and vllm serve",
@@ -638,7 +694,6 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--fault", action="store_true", help="also the fault run: 64 clients, leavers and bad requests")
     load.add_argument("--out", help="write results.md and results.json here")
     load.set_defaults(run=_bench_serve)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> None:

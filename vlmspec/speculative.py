@@ -18,6 +18,7 @@ from .engine.compiled import LARGEST_FORWARD, CompileGuard, compiled_forward
 from .engine.prefill import Prefiller
 from .engine.runner import ModelRunner
 from .engine.schedule import Arrivals
+from .engine.sequence import DecodeSettings
 from .engine.stats import SpecStats
 from .errors import UnsupportedGenerationError, VocabularyMismatchError
 from .hf.generation import resolve_generation
@@ -229,30 +230,8 @@ class SpeculativeVLM:
             {k: v for k, v in target_inputs.items() if k != "input_ids"},
             on_device(generator, device),
         )
-        stopping = settings.stopping
-        rows = input_ids.shape[0] * settings.num_sequences
-        if rows > 1 and settings.eos_token_ids.numel() == 0 and (stopping.strings is not None or stopping.on_host):
-            raise UnsupportedGenerationError(
-                "stop strings, max_time or stopping_criteria in a batch without an eos_token_id are not supported: "
-                "generate pads a stopped row only after an EOS, and otherwise keeps decoding it until every row "
-                "stops; pass eos_token_id, or decode the prompts one at a time (stream)"
-            )
-        if streamer is not None and input_ids.shape[0] > 1:
-            raise ValueError(
-                "a streamer follows one sequence (transformers' streamers take batch size 1): "
-                "pass one prompt to stream, or no streamer for a batch"
-            )
-        if streamer is not None and settings.num_sequences > 1:
-            raise ValueError("a streamer follows one sequence: pass num_return_sequences=1 to stream")
-        results = self._generate_rows(target_inputs, settings, streamer)
-        sequences = _pad([r.sequence for r in results], settings.pad_token_id)
-        if settings.return_dict_in_generate:
-            return GenerateDecoderOnlyOutput(
-                sequences=sequences,
-                scores=_per_step([r.scores for r in results]) if settings.output_scores else None,
-                logits=_per_step([r.logits for r in results]) if settings.output_logits else None,
-            )
-        return sequences
+        _check_rows(input_ids.shape[0], settings, streamer)
+        return _output(self._generate_rows(target_inputs, settings, streamer), settings)
 
     def _with_tokenizer(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """`kwargs` with the pair's own tokenizer (its processor's) where none is given, for stop strings."""
@@ -399,6 +378,39 @@ class SpeculativeVLM:
             f"SpeculativeVLM(target={type(self.target).__name__}, draft={type(self.draft).__name__}, "
             f"policy={self.policy.name}, pruning={None if self.pruning is None else self.pruning.method})"
         )
+
+
+def _check_rows(prompts: int, settings: DecodeSettings, streamer: Any) -> None:
+    """Refuse what `generate` would do differently from vlmspec for these rows: batched stops that only an EOS could
+    pad, and a streamer over more than one sequence."""
+    stopping = settings.stopping
+    rows = prompts * settings.num_sequences
+    if rows > 1 and settings.eos_token_ids.numel() == 0 and (stopping.strings is not None or stopping.on_host):
+        raise UnsupportedGenerationError(
+            "stop strings, max_time or stopping_criteria in a batch without an eos_token_id are not supported: "
+            "generate pads a stopped row only after an EOS, and otherwise keeps decoding it until every row "
+            "stops; pass eos_token_id, or decode the prompts one at a time (stream)"
+        )
+    if streamer is not None and prompts > 1:
+        raise ValueError(
+            "a streamer follows one sequence (transformers' streamers take batch size 1): "
+            "pass one prompt to stream, or no streamer for a batch"
+        )
+    if streamer is not None and settings.num_sequences > 1:
+        raise ValueError("a streamer follows one sequence: pass num_return_sequences=1 to stream")
+
+
+def _output(results: list[RowResult], settings: DecodeSettings) -> torch.Tensor | GenerateDecoderOnlyOutput:
+    """What `generate` returns for these rows: their padded sequences, or with `return_dict_in_generate` an output
+    that also holds the scores and logits asked for."""
+    sequences = _pad([r.sequence for r in results], settings.pad_token_id)
+    if settings.return_dict_in_generate:
+        return GenerateDecoderOnlyOutput(
+            sequences=sequences,
+            scores=_per_step([r.scores for r in results]) if settings.output_scores else None,
+            logits=_per_step([r.logits for r in results]) if settings.output_logits else None,
+        )
+    return sequences
 
 
 def _pad(sequences: list[torch.Tensor], pad_token_id: int | None) -> torch.Tensor:

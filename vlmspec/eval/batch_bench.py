@@ -9,6 +9,7 @@ new tokens up to its EOS. Exact match is per item: its ids against plain `genera
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -54,72 +55,28 @@ def run_batch_bench(
     With `vllm_python` (a Python that has vLLM) and `model` (the target's directory), vLLM decodes the same image
     items at every batch size too, as a peer (`peers["vllm"]`); otherwise the peer is recorded as skipped, and why.
     """
-    if repeats < 1:
-        raise ValueError(f"repeats must be at least 1, got {repeats}")
-    unknown = [m for m in methods if m not in BATCH_METHODS]
-    if unknown:
-        raise ValueError(f"unknown methods for a batched bench {unknown}; choose from {', '.join(BATCH_METHODS)}")
-    target = spec.target
-    adapter = spec._target_runner.adapter
-    pad = spec.processor.tokenizer.pad_token_id
-    eos = target.generation_config.eos_token_id
-    eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    _check_batch_request(methods, repeats)
     inputs = suite_inputs(spec.processor, suite, n)
-    device = target.device
+    eos = spec.target.generation_config.eos_token_id
+    eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
     generation = dict(do_sample=False, max_new_tokens=max_new_tokens)
     runners = {m: spec.with_options(*_SPEC_METHODS[m]) for m in methods}
     bar = tqdm(
         total=len(batch_sizes) * (1 + len(methods)) * repeats + 1, desc=f"batched bench {suite}", disable=not progress
     )
-    # Warm-up (not timed): one batch of each kind, so first-call costs fall on none of the timed runs.
-    generate_batches(target, adapter, inputs[: max(batch_sizes)], max(batch_sizes), pad, device, generation)
-    for runner in runners.values():
-        list(runner.stream(((i, item) for i, item in enumerate(inputs[:2])), batch_size=2, **generation))
+    _warm_up(spec, runners, inputs, max(batch_sizes), generation)
     bar.update()
     references: list[torch.Tensor] = []
     table: dict[str, dict[int, dict[str, float]]] = {"generate": {}, **{m: {} for m in methods}}
     for size in batch_sizes:
-        runs: dict[str, list[dict[str, float]]] = {name: [] for name in table}
-        if spec.compiled:
-            for runner in runners.values():
-                items = ((i, {k: v.to(device) for k, v in item.items()}) for i, item in enumerate(inputs))
-                list(runner.stream(items, batch_size=size, **generation))
-        for turn in range(repeats):
-            start = time.perf_counter()
-            outputs = generate_batches(target, adapter, inputs, size, pad, device, generation)
-            seconds = time.perf_counter() - start
-            rows = [
-                new_tokens(out, item["input_ids"].shape[1], eos_ids) for out, item in zip(outputs, inputs, strict=True)
-            ]
-            if not references:
-                references = rows
-            runs["generate"].append(_cell(rows, references, seconds))
-            bar.update()
-            # Each turn starts the methods from the next one, so no method always runs right after plain `generate`.
-            shift = turn % max(len(runners), 1)
-            order = list(runners)[shift:] + list(runners)[:shift]
-            for method in order:
-                runner = runners[method]
-                items = ((i, {k: v.to(device) for k, v in item.items()}) for i, item in enumerate(inputs))
-                start = time.perf_counter()
-                results = sorted(runner.stream(items, batch_size=size, **generation), key=lambda r: r.key)
-                seconds = time.perf_counter() - start
-                rows = [r.sequence[0, inputs[r.key]["input_ids"].shape[1] :] for r in results]
-                runs[method].append(_cell(rows, references, seconds))
-                bar.update()
+        runs = _time_batch_size(spec, runners, inputs, size, repeats, generation, eos_ids, references, bar)
         for name, cells in runs.items():
             table[name][size] = _median_cell(cells)
     bar.close()
-    peer: dict[Any, Any]
-    if suite != "image":
-        peer = {"skipped": "the vLLM peer decodes the image suite only"}
-    elif (why := why_not(vllm_python)) is not None or model is None:
-        peer = {"skipped": why or "the target's directory is not known"}
-    else:
-        longest = max(item["input_ids"].shape[1] for item in inputs)
-        prompts = suite_prompts(spec.processor, suite, n)
-        runs = run_vllm_peer(vllm_python, model, prompts, batch_sizes, max_new_tokens, longest + max_new_tokens)
-        peer = {size: _peer_cell(run, references, eos_ids) for size, run in runs.items()}
+    peer = _vllm_peer(
+        spec.processor, suite, n, inputs, batch_sizes, max_new_tokens, vllm_python, model, references, eos_ids
+    )
+    device = spec.target.device
     return {
         "suite": suite,
         "n": len(inputs),
@@ -132,6 +89,110 @@ def run_batch_bench(
         "table": table,
         "peers": {"vllm": peer},
     }
+
+
+def _check_batch_request(methods: list[str], repeats: int) -> None:
+    """Refuse a batched bench of methods it does not run, or of fewer than one run per cell."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    unknown = [m for m in methods if m not in BATCH_METHODS]
+    if unknown:
+        raise ValueError(f"unknown methods for a batched bench {unknown}; choose from {', '.join(BATCH_METHODS)}")
+
+
+def _plain_generate(
+    spec: SpeculativeVLM, inputs: list[dict[str, torch.Tensor]], size: int, generation: dict[str, Any]
+) -> tuple[list[torch.Tensor], float]:
+    """`generate_batches` with the pair's target (its adapter, its tokenizer's padding, its device), and the seconds
+    it took."""
+    target = spec.target
+    adapter = spec._target_runner.adapter
+    pad = spec.processor.tokenizer.pad_token_id
+    device = target.device
+    start = time.perf_counter()
+    outputs = generate_batches(target, adapter, inputs, size, pad, device, generation)
+    return outputs, time.perf_counter() - start
+
+
+def _on_device(inputs: list[dict[str, torch.Tensor]], device: torch.device) -> Iterator[tuple[int, dict[str, Any]]]:
+    """`stream`'s keyed items, each input moved to `device` as the stream takes it."""
+    return ((i, {k: v.to(device) for k, v in item.items()}) for i, item in enumerate(inputs))
+
+
+def _warm_up(
+    spec: SpeculativeVLM,
+    runners: dict[str, SpeculativeVLM],
+    inputs: list[dict[str, torch.Tensor]],
+    size: int,
+    generation: dict[str, Any],
+) -> None:
+    """Warm-up (not timed): one batch of each kind, so first-call costs fall on none of the timed runs."""
+    _plain_generate(spec, inputs[:size], size, generation)
+    for runner in runners.values():
+        list(runner.stream(((i, item) for i, item in enumerate(inputs[:2])), batch_size=2, **generation))
+
+
+def _time_batch_size(
+    spec: SpeculativeVLM,
+    runners: dict[str, SpeculativeVLM],
+    inputs: list[dict[str, torch.Tensor]],
+    size: int,
+    repeats: int,
+    generation: dict[str, Any],
+    eos_ids: set[int],
+    references: list[torch.Tensor],
+    bar: tqdm,
+) -> dict[str, list[dict[str, float]]]:
+    """Every timed run at batch size `size`, by method: `repeats` turns of plain `generate` then each method, every
+    run's rows checked against `references` (filled by the bench's first run of plain `generate`)."""
+    device = spec.target.device
+    runs: dict[str, list[dict[str, float]]] = {"generate": [], **{m: [] for m in runners}}
+    if spec.compiled:
+        for runner in runners.values():
+            list(runner.stream(_on_device(inputs, device), batch_size=size, **generation))
+    for turn in range(repeats):
+        outputs, seconds = _plain_generate(spec, inputs, size, generation)
+        rows = [new_tokens(out, item["input_ids"].shape[1], eos_ids) for out, item in zip(outputs, inputs, strict=True)]
+        if not references:
+            references.extend(rows)
+        runs["generate"].append(_cell(rows, references, seconds))
+        bar.update()
+        # Each turn starts the methods from the next one, so no method always runs right after plain `generate`.
+        shift = turn % max(len(runners), 1)
+        order = list(runners)[shift:] + list(runners)[:shift]
+        for method in order:
+            items = _on_device(inputs, device)
+            start = time.perf_counter()
+            results = sorted(runners[method].stream(items, batch_size=size, **generation), key=lambda r: r.key)
+            seconds = time.perf_counter() - start
+            rows = [r.sequence[0, inputs[r.key]["input_ids"].shape[1] :] for r in results]
+            runs[method].append(_cell(rows, references, seconds))
+            bar.update()
+    return runs
+
+
+def _vllm_peer(
+    processor: Any,
+    suite: str,
+    n: int,
+    inputs: list[dict[str, torch.Tensor]],
+    batch_sizes: list[int],
+    max_new_tokens: int,
+    vllm_python: str | None,
+    model: str | None,
+    references: list[torch.Tensor],
+    eos_ids: set[int],
+) -> dict[Any, Any]:
+    """vLLM's cells on the same image items at every batch size, checked against `references`; or why it was
+    skipped (another suite, no vLLM, or the target's directory not known)."""
+    if suite != "image":
+        return {"skipped": "the vLLM peer decodes the image suite only"}
+    if (why := why_not(vllm_python)) is not None or model is None:
+        return {"skipped": why or "the target's directory is not known"}
+    longest = max(item["input_ids"].shape[1] for item in inputs)
+    prompts = suite_prompts(processor, suite, n)
+    runs = run_vllm_peer(vllm_python, model, prompts, batch_sizes, max_new_tokens, longest + max_new_tokens)
+    return {size: _peer_cell(run, references, eos_ids) for size, run in runs.items()}
 
 
 def generate_batches(target, adapter, inputs, size, pad, device, generation) -> list[torch.Tensor]:

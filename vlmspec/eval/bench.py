@@ -215,48 +215,13 @@ def run_bench(
     inputs = [{k: v.to(device) for k, v in item.items()} for item in suite_inputs(spec.processor, suite, n)]
     runs = {m: MethodRun() for m in methods}
     runners = {m: _Runner(spec, m, generation) for m in methods}
-    references: list[torch.Tensor] = []
-    entropies: list[np.ndarray] = []
     longest = max(inputs, key=lambda item: item["input_ids"].shape[1])
     warm_up = {"compile": spec.warm_up(max_new_tokens, **longest)} if spec.compiled else {}
     bar = tqdm(total=len(methods) * (len(inputs) + 1), desc=f"bench {suite}", disable=not progress)
-    for method in methods:
-        start = time.perf_counter()
-        runners[method](inputs[0], max_new_tokens)
-        bar.update()
-        warm_up[method] = time.perf_counter() - start
+    warm_up.update(_first_calls(methods, runners, inputs[0], max_new_tokens, bar))
     # Every method starts the timed items afresh (policies learn across calls; compiled graphs are kept).
     runners = {m: _Runner(spec, m, generation) for m in methods}
-    for index, item in enumerate(inputs):
-        for method, runner in runners.items():
-            torch.manual_seed(index)
-            counter = ForwardCounter(target) if method == "hf-assisted" else None
-            synchronize(device)
-            start = time.perf_counter()
-            ids, scores = runner(item, max_new_tokens)
-            synchronize(device)
-            seconds = time.perf_counter() - start
-            if counter is not None:
-                counter.handle.remove()
-            new = ids.shape[1] - item["input_ids"].shape[1]
-            run = runs[method]
-            run.seconds += seconds
-            run.new_tokens += new
-            if method == "ar":
-                references.append(ids)
-                entropies.append(top_k_entropy(scores))
-            elif not sampling:
-                run.exact.append(bool(torch.equal(ids, references[index])))
-            if counter is not None:
-                run.taus.append((new - counter.calls) / max(1, counter.calls))
-            elif runner.spec is not None:
-                stats = runner.spec.last_stats
-                run.taus.append(stats.mean_accept_length)
-                run.prefill_tokens.append((stats.target_prefill_tokens, stats.draft_prefill_tokens))
-                for phase, value in stats.phase_seconds.items():
-                    run.phase_seconds[phase] += value
-                run.steps.append([vars(s) for s in stats.steps])
-            bar.update()
+    entropies = _time_items(runners, runs, inputs, max_new_tokens, sampling, target, device, bar)
     bar.close()
     ar_rate = runs["ar"].new_tokens / runs["ar"].seconds
     return {
@@ -279,6 +244,73 @@ def run_bench(
             if m.startswith("sage-gt")
         },
     }
+
+
+def _first_calls(
+    methods: list[str], runners: dict[str, _Runner], item: dict[str, torch.Tensor], max_new_tokens: int, bar: tqdm
+) -> dict[str, float]:
+    """Each method's first call on `item`, kept out of the timed items: its seconds (first-call costs, compilation
+    included)."""
+    seconds: dict[str, float] = {}
+    for method in methods:
+        start = time.perf_counter()
+        runners[method](item, max_new_tokens)
+        bar.update()
+        seconds[method] = time.perf_counter() - start
+    return seconds
+
+
+def _time_items(
+    runners: dict[str, _Runner],
+    runs: dict[str, MethodRun],
+    inputs: list[dict[str, torch.Tensor]],
+    max_new_tokens: int,
+    sampling: bool,
+    target: torch.nn.Module,
+    device: torch.device,
+    bar: tqdm,
+) -> list[np.ndarray]:
+    """Every method on every item in turn, seeded by the item's index, recorded into `runs`: time, new tokens, exact
+    match against ar's ids (greedy only) and acceptance. Returns ar's top-k entropies, one array per item."""
+    references: list[torch.Tensor] = []
+    entropies: list[np.ndarray] = []
+    for index, item in enumerate(inputs):
+        for method, runner in runners.items():
+            torch.manual_seed(index)
+            counter = ForwardCounter(target) if method == "hf-assisted" else None
+            synchronize(device)
+            start = time.perf_counter()
+            ids, scores = runner(item, max_new_tokens)
+            synchronize(device)
+            seconds = time.perf_counter() - start
+            if counter is not None:
+                counter.handle.remove()
+            new = ids.shape[1] - item["input_ids"].shape[1]
+            run = runs[method]
+            run.seconds += seconds
+            run.new_tokens += new
+            if method == "ar":
+                references.append(ids)
+                entropies.append(top_k_entropy(scores))
+            elif not sampling:
+                run.exact.append(bool(torch.equal(ids, references[index])))
+            _record_acceptance(run, runner, new, counter)
+            bar.update()
+    return entropies
+
+
+def _record_acceptance(run: MethodRun, runner: _Runner, new: int, counter: ForwardCounter | None) -> None:
+    """One item's tau into `run`: hf-assisted's from the target forwards `counter` counted; vlmspec's from its stats,
+    with its prefill sizes, phase times and steps."""
+    if counter is not None:
+        run.taus.append((new - counter.calls) / max(1, counter.calls))
+    elif runner.spec is not None:
+        stats = runner.spec.last_stats
+        run.taus.append(stats.mean_accept_length)
+        run.prefill_tokens.append((stats.target_prefill_tokens, stats.draft_prefill_tokens))
+        for phase, value in stats.phase_seconds.items():
+            run.phase_seconds[phase] += value
+        run.steps.append([vars(s) for s in stats.steps])
 
 
 class _Runner:

@@ -156,48 +156,9 @@ def caption(rng: random.Random, kind: str, background: str, shapes: list[Shape])
         lead = connectives[0] if i == 0 else rng.choice(connectives[1:])
         if i == len(order) - 1 and len(order) > 1:
             lead = rng.choice(["Finally,", "Last of all,", lead])
-        sentences.append(
-            rng.choice(
-                [
-                    f"{lead} there is a {s.size} {s.colour} {s.shape} {_where(s.cell)} of the frame.",
-                    f"{lead} a {s.size} {s.colour} {s.shape} sits {_where(s.cell)}.",
-                    f"{lead} you can see a {s.colour} {s.shape}; it is {s.size} and placed {_where(s.cell)}.",
-                ]
-            )
-        )
-        sentences.append(
-            rng.choice(
-                [
-                    "Its edges are clean and sharp.",
-                    "It looks flat, with no shadow at all.",
-                    "The shape is filled with one solid colour.",
-                    "It stands out clearly from the background.",
-                    f"The {s.shape} has a simple, even outline.",
-                ]
-            )
-        )
+        sentences.extend(_shape_sentences(rng, lead, s))
         if kind == "video":
-            if s.motion == "still":
-                sentences.append(rng.choice(["It does not move during the clip.", "It stays in place the whole time."]))
-            else:
-                sentences.append(
-                    rng.choice(
-                        [
-                            f"During the clip it moves slowly {s.motion}.",
-                            f"Over time the {s.shape} drifts {s.motion}.",
-                            f"As the video plays, it slides {s.motion}.",
-                        ]
-                    )
-                )
-            if s.new_colour:
-                sentences.append(
-                    rng.choice(
-                        [
-                            f"Halfway through, it turns {s.new_colour}.",
-                            f"In the middle of the video its colour changes to {s.new_colour}.",
-                        ]
-                    )
-                )
+            sentences.extend(_change_sentences(rng, s))
     sentences.append(
         rng.choice(
             [
@@ -208,6 +169,54 @@ def caption(rng: random.Random, kind: str, background: str, shapes: list[Shape])
         )
     )
     return " ".join(sentences)
+
+
+def _shape_sentences(rng: random.Random, lead: str, s: Shape) -> list[str]:
+    """What a shape is and where it sits, then how it looks, the first sentence opening with `lead`."""
+    return [
+        rng.choice(
+            [
+                f"{lead} there is a {s.size} {s.colour} {s.shape} {_where(s.cell)} of the frame.",
+                f"{lead} a {s.size} {s.colour} {s.shape} sits {_where(s.cell)}.",
+                f"{lead} you can see a {s.colour} {s.shape}; it is {s.size} and placed {_where(s.cell)}.",
+            ]
+        ),
+        rng.choice(
+            [
+                "Its edges are clean and sharp.",
+                "It looks flat, with no shadow at all.",
+                "The shape is filled with one solid colour.",
+                "It stands out clearly from the background.",
+                f"The {s.shape} has a simple, even outline.",
+            ]
+        ),
+    ]
+
+
+def _change_sentences(rng: random.Random, s: Shape) -> list[str]:
+    """How a shape changes during a video: its motion (or that it stays still), then its new colour if it has one."""
+    if s.motion == "still":
+        sentences = [rng.choice(["It does not move during the clip.", "It stays in place the whole time."])]
+    else:
+        sentences = [
+            rng.choice(
+                [
+                    f"During the clip it moves slowly {s.motion}.",
+                    f"Over time the {s.shape} drifts {s.motion}.",
+                    f"As the video plays, it slides {s.motion}.",
+                ]
+            )
+        ]
+    if s.new_colour:
+        sentences.append(
+            rng.choice(
+                [
+                    f"Halfway through, it turns {s.new_colour}.",
+                    f"In the middle of the video its colour changes to {s.new_colour}.",
+                ]
+            )
+        )
+    return sentences
 
 
 def items(split: str, count: int, start: int = 0) -> list[Item]:

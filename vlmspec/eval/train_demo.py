@@ -231,9 +231,28 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    device = args.device
     tokenizer = build_demo_tokenizer()
     processor = build_demo_processor(tokenizer)
+    models = _initial_models(args, tokenizer)
+    lrs = {"target": args.lr, "draft": args.draft_lr}
+    optimizers = {
+        k: torch.optim.AdamW(m.parameters(), lr=lrs[k], weight_decay=0.01, betas=(0.9, 0.98)) for k, m in models.items()
+    }
+    _print_sizes(models)
+    log = {"args": {k: str(v) for k, v in vars(args).items()}, "steps": []}
+    _train(args, processor, models, optimizers, lrs, log)
+    _score_held_out(args, processor, models, log)
+    for name, model in models.items():
+        target_dir = args.out / name
+        model.eval().to(torch.bfloat16).save_pretrained(target_dir)
+        processor.save_pretrained(target_dir)
+    (args.out / "training_log.json").write_text(json.dumps(log, indent=1))
+    write_samples(args.out)
+    print(f"wrote the demo pair to {args.out}", flush=True)
+
+
+def _initial_models(args: argparse.Namespace, tokenizer: Any) -> dict[str, Any]:
+    """The target and draft to train, built afresh or loaded from `--init-from`, on `--device` in training mode."""
     if args.init_from is None:
         models = {"target": build_model(tokenizer, TARGET), "draft": build_model(tokenizer, DRAFT)}
     else:
@@ -242,19 +261,32 @@ def main() -> None:
             for name in ("target", "draft")
         }
     for model in models.values():
-        model.to(device).train()
-    lrs = {"target": args.lr, "draft": args.draft_lr}
-    optimizers = {
-        k: torch.optim.AdamW(m.parameters(), lr=lrs[k], weight_decay=0.01, betas=(0.9, 0.98)) for k, m in models.items()
-    }
+        model.to(args.device).train()
+    return models
+
+
+def _print_sizes(models: dict[str, Any]) -> None:
+    """Each model's language-model and total parameters, in millions."""
     for name, model in models.items():
         print(
             f"{name}: {language_model_parameters(model) / 1e6:.2f} M language-model parameters, "
             f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f} M in all",
             flush=True,
         )
+
+
+def _train(
+    args: argparse.Namespace,
+    processor: Any,
+    models: dict[str, Any],
+    optimizers: dict[str, torch.optim.Optimizer],
+    lrs: dict[str, float],
+    log: dict[str, Any],
+) -> None:
+    """Both models trained side by side on the same batches until `--steps` or the time budget, each step's losses
+    and the training's steps, minutes and (on CUDA) peak memory recorded in `log`."""
+    device = args.device
     batches = TrainBatches(processor, args.steps, args.batch_size, args.first_item, args.long_video_share)
-    log = {"args": {k: str(v) for k, v in vars(args).items()}, "steps": []}
     started = time.perf_counter()
     step = 0
     for step, batch in enumerate(batch_loader(batches, args.workers, pin_memory=device.type == "cuda")):
@@ -283,21 +315,21 @@ def main() -> None:
     if device.type == "cuda":
         log["peak_gpu_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
         print(f"peak GPU memory in training: {log['peak_gpu_memory_gib']:.2f} GiB", flush=True)
+
+
+def _score_held_out(args: argparse.Namespace, processor: Any, models: dict[str, Any], log: dict[str, Any]) -> None:
+    """Both models' greedy captions of the held-out items of every suite scored, into `log` and printed."""
     started = time.perf_counter()
     held_out = {suite: held_out_inputs(processor, suite, args.eval_items) for suite in SUITES}
     log["held_out_accuracy"] = {
-        name: {suite: evaluate(model, processor, held_out[suite], device, args.eval_max_new_tokens) for suite in SUITES}
+        name: {
+            suite: evaluate(model, processor, held_out[suite], args.device, args.eval_max_new_tokens)
+            for suite in SUITES
+        }
         for name, model in models.items()
     }
     log["eval_minutes"] = round((time.perf_counter() - started) / 60, 1)
     print("held-out caption accuracy:", json.dumps(log["held_out_accuracy"], indent=2), flush=True)
-    for name, model in models.items():
-        target_dir = args.out / name
-        model.eval().to(torch.bfloat16).save_pretrained(target_dir)
-        processor.save_pretrained(target_dir)
-    (args.out / "training_log.json").write_text(json.dumps(log, indent=1))
-    write_samples(args.out)
-    print(f"wrote the demo pair to {args.out}", flush=True)
 
 
 if __name__ == "__main__":

@@ -61,56 +61,13 @@ def resolve_generation(
     own = {name: kwargs.pop(name, None) for name in _DECODING_ARGUMENTS}
     refused = {name: kwargs.pop(name) for name in REFUSED_ARGUMENTS if name in kwargs}
     check_arguments({name for name, value in refused.items() if value is not None}, synced_gpus=own["synced_gpus"])
-    # Fields given for this call (the merged config is checked again below, with the target's own defaults).
-    check_fields({**vars(generation_config or GenerationConfig()), **kwargs})
-    has_default_max_length = (
-        kwargs.get("max_length") is None
-        and (generation_config is None or generation_config.max_length is None)
-        and target.generation_config.max_length is None
-    )
-    config, unused = target._prepare_generation_config(generation_config, **kwargs)
-    if unused:
-        raise TypeError(f"generate() got arguments it does not use: {', '.join(sorted(unused))}")
-    check_config(config)
+    config = _merged_config(target, generation_config, kwargs, input_ids)
     prompt_length = input_ids.shape[1]
-    if config.max_new_tokens is not None:
-        max_new_tokens = config.max_new_tokens
-    elif has_default_max_length:
-        limit = getattr(target.config.get_text_config(), "max_position_embeddings", None)
-        max_new_tokens = config.max_length if limit is None else min(config.max_length, limit - prompt_length)
-    else:
-        max_new_tokens = config.max_length - prompt_length
-    if max_new_tokens <= 0:
-        raise ValueError(
-            f"Input length of input_ids is {prompt_length}, but `max_length` is set to {config.max_length}: "
-            "set `max_new_tokens` instead"
-        )
-    if config.min_new_tokens is not None:
-        config.min_length = config.min_new_tokens + prompt_length
-    config.max_length = prompt_length + max_new_tokens
-    target._prepare_special_tokens(config, kwargs_has_attention_mask=True, device=input_ids.device, batch_size=1)
     custom = LogitsProcessorList(own["logits_processor"] or [])
-    for processor in custom:
-        check_processor(processor, input_ids, target)
-
-    def processors(for_config: GenerationConfig) -> LogitsProcessorList:
-        return target._get_logits_processor(
-            generation_config=for_config,
-            input_ids_seq_length=prompt_length,
-            encoder_input_ids=input_ids,
-            prefix_allowed_tokens_fn=own["prefix_allowed_tokens_fn"],
-            logits_processor=custom,
-            device=input_ids.device,
-            model_kwargs=model_kwargs,
-        )
-
-    target_processors = draft_processors = processors(config)
-    sampling = draft_sampling = bool(config.do_sample)
-    if config.do_sample and config.top_k == 1:
-        draft_config = copy.copy(config)
-        draft_config.do_sample = False
-        draft_processors = processors(draft_config)
-        draft_sampling = False
+    target_processors, draft_processors, draft_sampling = _logits_processors(
+        target, config, custom, own["prefix_allowed_tokens_fn"], input_ids, model_kwargs
+    )
+    sampling = bool(config.do_sample)
     # The caller's processors may hold masks as wide as the target's vocabulary: the draft's logits reach them so wide.
     width = target.get_output_embeddings().weight.shape[0] if custom or own["prefix_allowed_tokens_fn"] else None
     criteria = _stopping_criteria(target, config, own["stopping_criteria"], own["tokenizer"])
@@ -134,6 +91,83 @@ def resolve_generation(
         output_logits=bool(config.return_dict_in_generate and config.output_logits),
         return_dict_in_generate=bool(config.return_dict_in_generate),
     )
+
+
+def _merged_config(
+    target: PreTrainedModel, generation_config: GenerationConfig | None, kwargs: dict[str, Any], input_ids: torch.Tensor
+) -> GenerationConfig:
+    """The call's config merged as `generate` merges it (checked before and after merging), its lengths set for the
+    prompt of `input_ids` and its special tokens prepared."""
+    # Fields given for this call (the merged config is checked again below, with the target's own defaults).
+    check_fields({**vars(generation_config or GenerationConfig()), **kwargs})
+    has_default_max_length = (
+        kwargs.get("max_length") is None
+        and (generation_config is None or generation_config.max_length is None)
+        and target.generation_config.max_length is None
+    )
+    config, unused = target._prepare_generation_config(generation_config, **kwargs)
+    if unused:
+        raise TypeError(f"generate() got arguments it does not use: {', '.join(sorted(unused))}")
+    check_config(config)
+    prompt_length = input_ids.shape[1]
+    max_new_tokens = _max_new_tokens(target, config, prompt_length, has_default_max_length)
+    if config.min_new_tokens is not None:
+        config.min_length = config.min_new_tokens + prompt_length
+    config.max_length = prompt_length + max_new_tokens
+    target._prepare_special_tokens(config, kwargs_has_attention_mask=True, device=input_ids.device, batch_size=1)
+    return config
+
+
+def _max_new_tokens(
+    target: PreTrainedModel, config: GenerationConfig, prompt_length: int, has_default_max_length: bool
+) -> int:
+    """New tokens allowed, as `generate` counts them: `max_new_tokens`, else what a set `max_length` leaves after the
+    prompt; with none set anywhere, the default `max_length` capped by the positions the prompt leaves."""
+    if config.max_new_tokens is not None:
+        max_new_tokens = config.max_new_tokens
+    elif has_default_max_length:
+        limit = getattr(target.config.get_text_config(), "max_position_embeddings", None)
+        max_new_tokens = config.max_length if limit is None else min(config.max_length, limit - prompt_length)
+    else:
+        max_new_tokens = config.max_length - prompt_length
+    if max_new_tokens <= 0:
+        raise ValueError(
+            f"Input length of input_ids is {prompt_length}, but `max_length` is set to {config.max_length}: "
+            "set `max_new_tokens` instead"
+        )
+    return max_new_tokens
+
+
+def _logits_processors(
+    target: PreTrainedModel,
+    config: GenerationConfig,
+    custom: LogitsProcessorList,
+    prefix_allowed_tokens_fn: Any,
+    input_ids: torch.Tensor,
+    model_kwargs: dict[str, Any],
+) -> tuple[LogitsProcessorList, LogitsProcessorList, bool]:
+    """The target's processors as `generate` builds them with the caller's `custom` ones (checked first), the draft's,
+    and whether the draft samples: with a top-k of 1 it ranks greedily under processors built without the warpers."""
+    for processor in custom:
+        check_processor(processor, input_ids, target)
+
+    def processors(for_config: GenerationConfig) -> LogitsProcessorList:
+        return target._get_logits_processor(
+            generation_config=for_config,
+            input_ids_seq_length=input_ids.shape[1],
+            encoder_input_ids=input_ids,
+            prefix_allowed_tokens_fn=prefix_allowed_tokens_fn,
+            logits_processor=custom,
+            device=input_ids.device,
+            model_kwargs=model_kwargs,
+        )
+
+    target_processors = processors(config)
+    if config.do_sample and config.top_k == 1:
+        draft_config = copy.copy(config)
+        draft_config.do_sample = False
+        return target_processors, processors(draft_config), False
+    return target_processors, target_processors, bool(config.do_sample)
 
 
 def _stopping_criteria(

@@ -219,6 +219,14 @@ def create_app(
 
     app = FastAPI(title="vlmspec", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.server = server
+    _add_error_handlers(app)
+    _add_info_routes(app, server)
+    _add_chat_route(app, server)
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every refusal and failure answered as OpenAI's error object: the server's own, HTTP's, and unexpected ones."""
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, error: APIError) -> JSONResponse:
@@ -232,9 +240,13 @@ def create_app(
     async def _unexpected(request: Request, error: Exception) -> JSONResponse:
         return JSONResponse(APIError(500, f"internal error: {type(error).__name__}: {error}").body(), status_code=500)
 
+
+def _add_info_routes(app: FastAPI, server: _Server) -> None:
+    """`/health`, `/metrics` and `/v1/models`: whether the decoding loop runs, its counters, and the model served."""
+
     @app.get("/health")
     def health() -> Response:
-        if not backend.alive:
+        if not server.backend.alive:
             return JSONResponse({"status": "decoding loop stopped"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
@@ -249,20 +261,26 @@ def create_app(
             "object": "list",
             "data": [
                 {
-                    "id": options.served_model_name,
+                    "id": server.options.served_model_name,
                     "object": "model",
                     "created": server.created,
                     "owned_by": "vlmspec",
-                    "max_model_len": context_length,
+                    "max_model_len": server.context_length,
                 }
             ],
         }
+
+
+def _add_chat_route(app: FastAPI, server: _Server) -> None:
+    """`/v1/chat/completions`: a request checked and admitted against the queue limit, its media prepared on a worker
+    thread, its choices submitted to the backend, and the answer streamed or returned whole."""
+    backend, options = server.backend, server.options
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         server.authorize(request)
         body = await server.body(request)
-        chat = parse_chat(body, options.limits, config_max_new_tokens)
+        chat = parse_chat(body, options.limits, server.config_max_new_tokens)
         if chat.model != options.served_model_name:
             raise APIError(
                 404,
@@ -292,8 +310,6 @@ def create_app(
         if chat.stream:
             return StreamingResponse(answer.events(), media_type="text/event-stream")
         return await answer.whole(request)
-
-    return app
 
 
 class _Answer:

@@ -80,6 +80,33 @@ def parse_chat(body: Any, limits: ServeLimits, config_max_new_tokens: int | None
     if not isinstance(model, str) or not model:
         raise APIError(400, "`model` is required: the name GET /v1/models lists", "model")
     messages, media = _messages(body.get("messages"), limits)
+    options, stop = _generation_options(body, limits, config_max_new_tokens)
+    n = _integer(body, "n", 1)
+    n = 1 if n is None else n
+    if n > limits.max_n:
+        raise APIError(400, f"n={n} is more than this server gives per request ({limits.max_n})", "n")
+    stream, include_usage = _streaming(body)
+    num_frames, fps = _frame_request(body)
+    return ChatRequest(
+        model=model,
+        messages=messages,
+        media=media,
+        options=options,
+        seed=_integer(body, "seed", None),
+        n=n,
+        stream=stream,
+        include_usage=include_usage,
+        stop=stop,
+        num_frames=num_frames,
+        fps=fps,
+    )
+
+
+def _generation_options(
+    body: dict[str, Any], limits: ServeLimits, config_max_new_tokens: int | None
+) -> tuple[dict[str, Any], list[str]]:
+    """`generate`'s arguments for the request's token limit and sampling fields (a field not given stays the
+    target's generation config's), and its stop strings."""
     options: dict[str, Any] = {"max_new_tokens": _max_tokens(body, limits, config_max_new_tokens)}
     temperature = _number(body, "temperature", 0.0, 2.0)
     if temperature is not None:
@@ -102,35 +129,29 @@ def parse_chat(body: Any, limits: ServeLimits, config_max_new_tokens: int | None
     stop = _stop(body.get("stop"))
     if stop:
         options["stop_strings"] = stop
-    n = _integer(body, "n", 1)
-    n = 1 if n is None else n
-    if n > limits.max_n:
-        raise APIError(400, f"n={n} is more than this server gives per request ({limits.max_n})", "n")
+    return options, stop
+
+
+def _streaming(body: dict[str, Any]) -> tuple[bool, bool]:
+    """Whether the answer is streamed, and whether a stream ends with a usage chunk (`stream_options`)."""
     stream = body.get("stream", False)
     if not isinstance(stream, bool) and stream is not None:
         raise APIError(400, "stream must be true or false", "stream")
     stream_options = body.get("stream_options") or {}
     if not isinstance(stream_options, dict) or not isinstance(stream_options.get("include_usage", False), bool):
         raise APIError(400, "stream_options must be an object whose include_usage is true or false", "stream_options")
+    return bool(stream), bool(stream_options.get("include_usage", False))
+
+
+def _frame_request(body: dict[str, Any]) -> tuple[int | None, float | None]:
+    """The request's own video sampling: vLLM's `num_frames` or `fps` (not both), each None when not given."""
     num_frames = _integer(body, "num_frames", 1)
     fps = _number(body, "fps", 0.0, math.inf)
     if fps == 0:
         raise APIError(400, "fps must be above 0", "fps")
     if num_frames is not None and fps is not None:
         raise APIError(400, "give num_frames or fps, not both", "num_frames")
-    return ChatRequest(
-        model=model,
-        messages=messages,
-        media=media,
-        options=options,
-        seed=_integer(body, "seed", None),
-        n=n,
-        stream=bool(stream),
-        include_usage=bool(stream_options.get("include_usage", False)),
-        stop=stop,
-        num_frames=num_frames,
-        fps=fps,
-    )
+    return num_frames, fps
 
 
 def _messages(messages: Any, limits: ServeLimits) -> tuple[list[dict[str, Any]], list[tuple[str, str, str]]]:
