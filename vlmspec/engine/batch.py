@@ -34,7 +34,7 @@ from ..policies import (
 from ..pruning import VerifierScores, scoring
 from .choice import NodeProcessing, TargetSampler
 from .commit import plan_commit
-from .device_tensors import arange, host_values
+from .device_tensors import host_values
 from .draft import Drafted, Drafter, SlotsRead
 from .prefill import Prefilled, Prefiller
 from .report import StepReport
@@ -55,7 +55,7 @@ from .schedule import Admission, Arrivals
 from .sequence import DecodeSettings, TokenSink
 from .stats import PhaseTimer, SpecStats, StepRecord
 from .stopping import StringWindows
-from .tree import DraftTree, rank_tree_shape, with_edges
+from .tree import DraftTree, TreeRows, rank_tree_shape, with_edges
 
 
 @dataclass
@@ -96,6 +96,31 @@ class RowResult:
     error: Exception | None = None
     scores: tuple[torch.Tensor, ...] | None = None
     logits: tuple[torch.Tensor, ...] | None = None
+
+
+@dataclass
+class Proposal:
+    """What a step verifies: every row's tree, as the proposer grew it (`drafted`: the draft's side of it) and on the
+    target's device (`trees`: tokens (B, N), depths, ancestors), the visibility its verification uses (`with_edges`
+    form, (N, w) shared or (B, N, w) per row; None for a causal block, as one token a row is) and each row's real
+    nodes where the trees are padded (`sizes`; None: every node). `plans` and `grown` (each row's plan and tree) are
+    None when no row drafted (each proposes its root alone). The rows' tokens so far for the target's processors
+    (`sequences`) and where the step keeps what it emits (`kept`, as `_row_sequences` says), and both caches' lengths
+    at the step's start and each row's tokens fed to the draft (`fed`). `start`: the rows' next positions (B,) on the
+    device where the proposer has them, else None (made from `target_starts`)."""
+
+    drafted: RowsDrafted
+    trees: TreeRows
+    visible: torch.Tensor | None
+    sizes: list[int] | None
+    plans: list[TreePlan] | None
+    grown: list[Drafted] | None
+    sequences: RowSequences
+    kept: str
+    target_starts: list[int]
+    draft_starts: list[int]
+    fed: list[int]
+    start: torch.Tensor | None = None
 
 
 class _Row:
@@ -410,15 +435,62 @@ class BatchDecoder:
         self.prefiller.draft.cache = None
 
     def _step(self, rows: list[_Row], target: RowRunner, draft: RowRunner, timer: PhaseTimer) -> None:
-        """One draft -> verify -> accept -> commit step of every row: as `(B, N)` tensors of one structure when every
-        row drafts the same tree of rank paths under one rule (greedy or sampling); else as trees of their own
-        structure, grown together when they are all SAGE's or all sage-gt's (`draft_adaptive_rows`), else row by row."""
+        """One step of every row, written once: plan and propose (`_propose`: every row's tree as `(B, N)` tensors; a
+        row that drafts nothing proposes its root alone), verify (one target forward over every row's tree), accept
+        (on the device, one read), then commit both caches and let every row's policy observe the step (a plain step
+        commits nothing to the draft, which catches up when it next drafts)."""
         step_started = time.perf_counter()
         samples = [row.settings.sampler.do_sample for row in rows]
         plain = self.policy.drafting([row.policy for row in rows], samples, [row.sink.room for row in rows])
+        proposal = self._propose(rows, plain, samples, target, draft, timer)
+        with timer("verification"):
+            start = proposal.start
+            if start is None:
+                start = target.positions(host_values(proposal.target_starts, target.device))
+            trees = proposal.trees
+            logits = target.forward_rows(trees.tokens, trees.depths, start, proposal.visible, proposal.sizes)
+        with timer("acceptance"):
+            accepted = self._accept(rows, proposal, logits)
+            timer.collect()
+            self._judge_on_host(rows, accepted, logits)
+        if proposal.plans is None:
+            self._observe_plain(rows, plain, accepted, proposal.kept, step_started)
+        else:
+            with timer("tree_update"):
+                starts = (proposal.target_starts, proposal.draft_starts, proposal.fed)
+                self._commit(rows, accepted.reports, proposal.drafted, target, draft, *starts)
+            drafted = proposal.drafted
+            carried = (len(rows) * trees.size, drafted.forwards, drafted.fed_tokens)
+            tokens = list(accepted.tokens)
+            self._finish(
+                rows,
+                proposal.plans,
+                proposal.grown,
+                accepted.reports,
+                tokens,
+                carried,
+                starts,
+                timer,
+                step_started,
+                plain,
+                on_device=proposal.kept == "sinks",
+            )
+        self._advance(accepted, proposal.kept)
+
+    def _propose(
+        self,
+        rows: list[_Row],
+        plain: list[str | None],
+        samples: list[bool],
+        target: RowRunner,
+        draft: RowRunner,
+        timer: PhaseTimer,
+    ) -> Proposal:
+        """Every row's proposal for the step: its root alone when no row drafts (`plain` says why, per row); one tree
+        of rank paths grown for all rows at once when every row drafts it under one rule; else each row's own tree
+        (grown together when they are all SAGE's or all sage-gt's)."""
         if None not in plain:
-            self._step_plain(rows, plain, target, timer, step_started)
-            return
+            return self._propose_roots(rows, target, timer)
         for row in rows:
             row.catch_up(draft.device)
         depths = [0 if why is not None else row.sink.room - 1 for row, why in zip(rows, plain, strict=True)]
@@ -431,76 +503,33 @@ class BatchDecoder:
         else:
             plans = self.policy.plan_batch([row.policy for row in rows], timed=True not in sampling)
         if _same_rank_tree(plans) and len(sampling) == 1:
-            self._step_together(rows, plans[0], depths, plain, target, draft, timer, step_started)
-            return
-        adaptive = _adaptive(plans)
-        samplers = [row.settings.sampler for row in rows]
-        if adaptive:
-            processings = [row.settings.draft_processing for row in rows]
-            sequences, draft_sequences, kept = self._row_sequences(rows, processings, samplers, target.device)
-        else:
-            self._tokens.forget()
-            sequences, kept = [row.sink.sequence for row in rows], "sinks"
-        draft_starts, target_starts = list(draft.lengths), list(target.lengths)
-        with timer("drafting"):
-            if adaptive:
-                stacked = self._draft_adaptive(rows, plans, depths, draft, processings, draft_sequences)
-                drafted = [stacked.row(b) for b in range(len(rows))]
-            else:
-                drafted, draft_forwards, draft_tokens = self._draft(rows, plans, depths, draft)
-                stacked = RowsDrafted.stacked(drafted, target.device, draft_forwards, draft_tokens)
-        with timer("verification"):
-            trees = stacked.trees.to(target.device)
-            start = target.positions(host_values(target_starts, target.device))
-            logits = target.forward_rows(trees.tokens, trees.depths, start, with_edges(trees.ancestors), stacked.sizes)
-        with timer("acceptance"):
-            policy = rows[0].policy
-            accepted = accept_all(
-                stacked,
-                trees,
-                logits,
-                samplers,
-                sequences,
-                self._eos_rows(rows, target.device),
-                [row.sink.room for row in rows],
-                policy.statistics(stacked.root_log_probs),
-                policy.reads_tree,
-                self._strings.check([row.sink for row in rows], target.device),
-            )
-            timer.collect()
-            self._judge_on_host(rows, accepted, logits)
-        with timer("tree_update"):
-            fed = [row.pending.shape[0] for row in rows]
-            self._commit(rows, accepted.reports, stacked, target, draft, target_starts, draft_starts, fed)
-        self._finish(
-            rows,
-            plans,
-            drafted,
-            accepted.reports,
-            list(accepted.tokens),
-            (len(rows) * trees.size, stacked.forwards, stacked.fed_tokens),
-            (target_starts, draft_starts, fed),
-            timer,
-            step_started,
-            plain,
-            on_device=kept == "sinks",
-        )
-        self._advance(accepted, kept)
+            return self._propose_rank_tree(rows, plans[0], depths, target, draft, timer)
+        return self._propose_own_trees(rows, plans, depths, target, draft, timer)
 
-    def _step_together(
+    def _propose_roots(self, rows: list[_Row], target: RowRunner, timer: PhaseTimer) -> Proposal:
+        """No row drafts: each row's last token alone, which the target's forward turns into its next token as
+        `generate`'s step does. Nothing runs on the draft: the tokens are its `missed` ones, fed when it next drafts."""
+        samplers = [row.settings.sampler for row in rows]
+        sequences, _, kept = self._row_sequences(rows, [None] * len(rows), samplers, target.device)
+        target_starts = list(target.lengths)
+        with timer("verification"):
+            held = host_values([row.sink.last_token for row in rows] + target_starts, target.device)
+            roots, starts = held[: len(rows)], held[len(rows) :]
+            drafted = plain_rows(roots)
+        start = target.positions(starts)
+        return Proposal(drafted, drafted.trees, None, None, None, None, sequences, kept, target_starts, [], [], start)
+
+    def _propose_rank_tree(
         self,
         rows: list[_Row],
         plan: RankTreePlan,
         depths: list[int],
-        plain: list[str | None],
         target: RowRunner,
         draft: RowRunner,
         timer: PhaseTimer,
-        step_started: float,
-    ) -> None:
-        """One step of every row drafting the tree `plan` (`rows_step`), row b at most `depths[b]` levels (`plain[b]`
-        says why a row drafts none): a fixed number of operations over all rows per tree level, one verification, one
-        acceptance and one read, one commit in each cache."""
+    ) -> Proposal:
+        """Every row drafts the tree `plan` (`draft_rows`), row b at most `depths[b]` levels: a fixed number of
+        operations over all rows per tree level."""
         pending, counts = self._pending_rows(rows, draft.device)
         draft_starts, target_starts = list(draft.lengths), list(target.lengths)
         processings = [row.settings.draft_processing for row in rows]
@@ -521,73 +550,70 @@ class BatchDecoder:
                 draft_sequences,
             )
         trees = drafted.trees.to(target.device)
-        with timer("verification"):
-            start = target.positions(host_values(target_starts, target.device))
-            nodes = slice(0, trees.size)
-            visible = rank_tree_shape(plan.paths, target.device).block(nodes, nodes)
-            logits = target.forward_rows(trees.tokens, trees.depths, start, visible)
-        with timer("acceptance"):
-            policy = rows[0].policy
-            accepted = accept_all(
-                drafted,
-                trees,
-                logits,
-                samplers,
-                sequences,
-                self._eos_rows(rows, target.device),
-                [row.sink.room for row in rows],
-                policy.statistics(drafted.root_log_probs),
-                policy.reads_tree,
-                self._strings.check([row.sink for row in rows], target.device),
-            )
-            timer.collect()
-            self._judge_on_host(rows, accepted, logits)
-        with timer("tree_update"):
-            self._commit(rows, accepted.reports, drafted, target, draft, target_starts, draft_starts, counts)
-        self._finish(
-            rows,
-            [plan] * len(rows),
-            [drafted.row(b) for b in range(len(rows))],
-            accepted.reports,
-            list(accepted.tokens),
-            (len(rows) * trees.size, drafted.forwards, drafted.fed_tokens),
-            (target_starts, draft_starts, counts),
-            timer,
-            step_started,
-            plain,
-            on_device=kept == "sinks",
+        nodes = slice(0, trees.size)
+        visible = rank_tree_shape(plan.paths, target.device).block(nodes, nodes)
+        grown = [drafted.row(b) for b in range(len(rows))]
+        plans = [plan] * len(rows)
+        return Proposal(
+            drafted, trees, visible, None, plans, grown, sequences, kept, target_starts, draft_starts, counts
         )
-        self._advance(accepted, kept)
 
-    def _step_plain(
-        self, rows: list[_Row], plain: list[str | None], target: RowRunner, timer: PhaseTimer, step_started: float
-    ) -> None:
-        """A step in which no row drafts (`plain` says why, per row): the target's next token after each row's last
-        one, as `generate`'s step decodes it (one forward of one token a row, processed, chosen, read once). Nothing
-        runs on the draft: the tokens are its `missed` ones, fed when it next drafts."""
+    def _propose_own_trees(
+        self,
+        rows: list[_Row],
+        plans: list[TreePlan],
+        depths: list[int],
+        target: RowRunner,
+        draft: RowRunner,
+        timer: PhaseTimer,
+    ) -> Proposal:
+        """Every row drafts a tree of its own structure: grown together when they are all SAGE's or all sage-gt's
+        (`draft_adaptive_rows`), else row by row; padded to the largest, each row's real nodes counted."""
+        adaptive = _adaptive(plans)
         samplers = [row.settings.sampler for row in rows]
-        sequences, _, kept = self._row_sequences(rows, [None] * len(rows), samplers, target.device)
-        target_starts = list(target.lengths)
-        with timer("verification"):
-            held = host_values([row.sink.last_token for row in rows] + target_starts, target.device)
-            roots, starts = held[: len(rows)], held[len(rows) :]
-            drafted = plain_rows(roots)
-            logits = target.forward_rows(drafted.trees.tokens, arange(1, target.device), target.positions(starts), None)
-        with timer("acceptance"):
-            accepted = accept_all(
-                drafted,
-                drafted.trees,
-                logits,
-                samplers,
-                sequences,
-                self._eos_rows(rows, target.device),
-                [row.sink.room for row in rows],
-                None,
-                False,
-                self._strings.check([row.sink for row in rows], target.device),
-            )
-            timer.collect()
-            self._judge_on_host(rows, accepted, logits)
+        if adaptive:
+            processings = [row.settings.draft_processing for row in rows]
+            sequences, draft_sequences, kept = self._row_sequences(rows, processings, samplers, target.device)
+        else:
+            self._tokens.forget()
+            sequences, kept = [row.sink.sequence for row in rows], "sinks"
+        draft_starts, target_starts = list(draft.lengths), list(target.lengths)
+        fed = [row.pending.shape[0] for row in rows]
+        with timer("drafting"):
+            if adaptive:
+                stacked = self._draft_adaptive(rows, plans, depths, draft, processings, draft_sequences)
+                grown = [stacked.row(b) for b in range(len(rows))]
+            else:
+                grown, draft_forwards, draft_tokens = self._draft(rows, plans, depths, draft)
+                stacked = RowsDrafted.stacked(grown, target.device, draft_forwards, draft_tokens)
+        trees = stacked.trees.to(target.device)
+        visible = with_edges(trees.ancestors)
+        return Proposal(
+            stacked, trees, visible, stacked.sizes, plans, grown, sequences, kept, target_starts, draft_starts, fed
+        )
+
+    def _accept(self, rows: list[_Row], proposal: Proposal, logits: torch.Tensor) -> RowsVerdict:
+        """Every row's accepted path of its proposal, its tokens and its report, on the device (`accept_all`)."""
+        drafted, policy = proposal.drafted, rows[0].policy
+        plain = proposal.plans is None
+        return accept_all(
+            drafted,
+            proposal.trees,
+            logits,
+            [row.settings.sampler for row in rows],
+            proposal.sequences,
+            self._eos_rows(rows, logits.device),
+            [row.sink.room for row in rows],
+            None if plain else policy.statistics(drafted.root_log_probs),
+            False if plain else policy.reads_tree,
+            self._strings.check([row.sink for row in rows], logits.device),
+        )
+
+    def _observe_plain(
+        self, rows: list[_Row], plain: list[str | None], accepted: RowsVerdict, kept: str, step_started: float
+    ) -> None:
+        """After a step in which no row drafted: the policies learn what it cost, each row records it, its sink takes
+        its token, and the draft owes that token (`missed`)."""
         seconds = time.perf_counter() - step_started
         self.policy.observe_plain([row.policy for row in rows], plain, seconds)
         for b, row in enumerate(rows):
@@ -597,7 +623,6 @@ class BatchDecoder:
             record.seconds, record.plain = seconds, plain[b]
             row.stats.steps.append(record)
             row.sink.take(accepted.tokens[b], report, kept == "sinks")
-        self._advance(accepted, kept)
 
     def _advance(self, accepted: RowsVerdict, kept: str) -> None:
         """After a step: the tokens it emitted join the batch's `(B, T)` tensor where it keeps them there (`kept`, as
