@@ -22,7 +22,7 @@ import logging
 import os
 import weakref
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch.utils._triton import has_triton
@@ -134,14 +134,27 @@ def _held(model: PreTrainedModel) -> _Held | None:
     return held if held is not None and held.owner == id(model) else None
 
 
-class CheckedRunner(Protocol):
-    """What the guard reads of a runner it checks: its model (through its adapter), its role and its compiled form."""
+class GuardedRunner:
+    """A runner of one model whose forwards may run through a compiled form under the pair's `guard`: `compiled` is
+    that form while the guard allows it, None to run eager (no compiled form, or the guard fell back)."""
 
-    adapter: Any
-    role: str
+    def __init__(self, adapter: Any, compiled: Callable | None, guard: CompileGuard | None, role: str):
+        self.adapter = adapter
+        self.role = role
+        self._compiled = compiled
+        self.guard = guard if compiled is not None else None
+        if self.guard is not None:
+            self.guard.attach(adapter.model)
 
     @property
-    def compiled(self) -> Callable | None: ...
+    def compiled(self) -> Callable | None:
+        """The compiled form the forwards run through, or None to run eager (also once the pair's guard fell back)."""
+        return None if self.guard is not None and self.guard.failure is not None else self._compiled
+
+    def refresh(self) -> None:
+        """Read the model's device and dtype (once per call: looking them up costs more than a tree operation)."""
+        self.device = self.adapter.device
+        self.dtype = self.adapter.dtype
 
 
 class CompileGuard:
@@ -165,12 +178,12 @@ class CompileGuard:
         """Count `model` in the pair: a fallback marks its compiled form failed for every wrapper of it too."""
         self.models.add(model)
 
-    def needs_check(self, runner: CheckedRunner) -> bool:
+    def needs_check(self, runner: GuardedRunner) -> bool:
         """Whether `runner`'s compiled forwards are still to be checked against its eager ones (under `"auto"` only)."""
         held = _held(runner.adapter.model)
         return not self.strict and runner.compiled is not None and held is not None and not held.checked
 
-    def check(self, runner: CheckedRunner, greedy: Callable[[bool], list]) -> None:
+    def check(self, runner: GuardedRunner, greedy: Callable[[bool], list]) -> None:
         """Under `"auto"`, once per model: compare the tokens `greedy(True)` chooses through `runner`'s compiled
         forwards with those `greedy(False)` chooses through eager ones (a short greedy decode), and let the model run
         on compiled or fall the pair back."""
@@ -189,7 +202,7 @@ class CompileGuard:
                 f"{CHECK_TOKENS}-token greedy decode (compiled {chosen[True]}, eager {chosen[False]})"
             )
 
-    def passed(self, runner: CheckedRunner) -> None:
+    def passed(self, runner: GuardedRunner) -> None:
         """`runner`'s model passed its check: no wrapper of it checks it again."""
         held = _held(runner.adapter.model)
         if held is not None:

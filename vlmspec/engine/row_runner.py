@@ -10,7 +10,7 @@ import torch
 from ..adapters import ModelAdapter
 from ..attention import tree_attention
 from .cache import TREE_ROOM, SlabCache
-from .compiled import CHECK_TOKENS, CompileGuard, padded_size, padded_sizes
+from .compiled import CHECK_TOKENS, CompileGuard, GuardedRunner, padded_size, padded_sizes
 from .device_tensors import arange, host_values
 from .row_cache import RowCache
 from .runner import ModelRunner
@@ -29,7 +29,7 @@ class RowForward:
     base_index: int
 
 
-class RowRunner:
+class RowRunner(GuardedRunner):
     """A model over a `RowCache`: rows come in prefilled (from a batch-1 `ModelRunner`), feed padded forwards together
     and leave when finished. The token at row b's cache index i sits at position `i + offsets[b]`.
 
@@ -48,26 +48,15 @@ class RowRunner:
         role: str = "model",
         reuse: RowCache | None = None,
     ):
-        self.adapter = adapter
-        self._compiled = compiled
-        self.role = role
-        self.guard = guard if compiled is not None else None
-        if self.guard is not None:
-            self.guard.attach(adapter.model)
+        super().__init__(adapter, compiled, guard, role)
         self.cache = RowCache(adapter.layer_devices(), slots, fixed=compiled is not None, reuse=reuse)
         self.offsets: list[int] = []
         self._offsets: tuple[list[int], torch.Tensor] | None = None
         self._eager = False
         self.refresh()
 
-    @property
-    def compiled(self) -> Callable | None:
-        """The compiled form the forwards run through, or None to run eager (also once the pair's guard fell back)."""
-        return None if self.guard is not None and self.guard.failure is not None else self._compiled
-
     def refresh(self) -> None:
-        self.device = self.adapter.device
-        self.dtype = self.adapter.dtype
+        super().refresh()
         self._zero = torch.zeros((), dtype=self.dtype, device=self.device)
 
     @property

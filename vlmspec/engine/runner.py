@@ -11,10 +11,10 @@ import torch
 from ..adapters import ModelAdapter
 from ..attention import tree_attention
 from .cache import SlabCache, check_cache
-from .compiled import CompileGuard
+from .compiled import CompileGuard, GuardedRunner
 
 
-class ModelRunner:
+class ModelRunner(GuardedRunner):
     """Runs prompts through a model's adapter into a `SlabCache` and says where generation goes on: the token after
     the prompt sits at cache index `length`, position `length + offset` (M-RoPE prompts end beyond their length,
     pruned ones short).
@@ -30,12 +30,7 @@ class ModelRunner:
         guard: CompileGuard | None = None,
         role: str = "model",
     ):
-        self.adapter = adapter
-        self._compiled = compiled
-        self.role = role
-        self.guard = guard if compiled is not None else None
-        if self.guard is not None:
-            self.guard.attach(adapter.model)
+        super().__init__(adapter, compiled, guard, role)
         self.cache: SlabCache | None = None
         self.offset = 0
         check_cache(adapter.model.config)
@@ -45,16 +40,6 @@ class ModelRunner:
     def length(self) -> int:
         """Positions in the cache."""
         return 0 if self.cache is None else self.cache.length
-
-    @property
-    def compiled(self) -> Callable | None:
-        """The compiled form the forwards run through, or None to run eager (also once the pair's guard fell back)."""
-        return None if self.guard is not None and self.guard.failure is not None else self._compiled
-
-    def refresh(self) -> None:
-        """Read the model's device and dtype (once per call: looking them up costs more than a tree operation)."""
-        self.device = self.adapter.device
-        self.dtype = self.adapter.dtype
 
     def prefill(self, inputs: dict[str, Any], keep: torch.Tensor | None = None) -> torch.Tensor:
         """Run the prompt (only the `keep` tokens, if given) into a cache of its size; returns the last prompt token's
