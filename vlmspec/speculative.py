@@ -75,6 +75,8 @@ class SpeculativeVLM:
     on first use; quantised or offloaded models run eager. Under
     `"auto"` a compiled forward that raises, or whose tokens differ from eager ones on a short greedy decode (checked
     once per model at first use), turns the pair eager for good with one warning; `"on"` raises instead.
+    `"shapes"` runs the compiled path's fixed shapes eager, without compiling (to tell a shape bug from a compiler
+    bug).
     """
 
     def __init__(
