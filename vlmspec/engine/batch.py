@@ -12,6 +12,7 @@ in its place (continuous batching).
 
 from __future__ import annotations
 
+import enum
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -98,6 +99,16 @@ class RowResult:
     logits: tuple[torch.Tensor, ...] | None = None
 
 
+class Kept(enum.Enum):
+    """Where a step keeps the tokens it emits on the device, for the logits processors of the next: nowhere (no row
+    processes its logits; the sinks write them when the rows finish), in the batch's `(B, T)` tensor (several rows
+    share one processing), or in each row's sink (one row's sink holds its sequence as a view)."""
+
+    NOWHERE = "nowhere"
+    BATCH = "batch"
+    SINKS = "sinks"
+
+
 @dataclass
 class Proposal:
     """What a step verifies: every row's tree, as the proposer grew it (`drafted`: the draft's side of it) and on the
@@ -116,7 +127,7 @@ class Proposal:
     plans: list[TreePlan] | None
     grown: list[Drafted] | None
     sequences: RowSequences
-    kept: str
+    kept: Kept
     target_starts: list[int]
     draft_starts: list[int]
     fed: list[int]
@@ -473,7 +484,7 @@ class BatchDecoder:
                 timer,
                 step_started,
                 plain,
-                on_device=proposal.kept == "sinks",
+                on_device=proposal.kept is Kept.SINKS,
             )
         self._advance(accepted, proposal.kept)
 
@@ -576,7 +587,7 @@ class BatchDecoder:
             sequences, draft_sequences, kept = self._row_sequences(rows, processings, samplers, target.device)
         else:
             self._tokens.forget()
-            sequences, kept = [row.sink.sequence for row in rows], "sinks"
+            sequences, kept = [row.sink.sequence for row in rows], Kept.SINKS
         draft_starts, target_starts = list(draft.lengths), list(target.lengths)
         fed = [row.pending.shape[0] for row in rows]
         with timer("drafting"):
@@ -610,7 +621,7 @@ class BatchDecoder:
         )
 
     def _observe_plain(
-        self, rows: list[_Row], plain: list[str | None], accepted: RowsVerdict, kept: str, step_started: float
+        self, rows: list[_Row], plain: list[str | None], accepted: RowsVerdict, kept: Kept, step_started: float
     ) -> None:
         """After a step in which no row drafted: the policies learn what it cost, each row records it, its sink takes
         its token, and the draft owes that token (`missed`)."""
@@ -622,13 +633,13 @@ class BatchDecoder:
             record = StepRecord(alpha=None, depth=0, width=0.0, nodes=0, accepted=0, tree_depth=0, greedy_depth=0)
             record.seconds, record.plain = seconds, plain[b]
             row.stats.steps.append(record)
-            row.sink.take(accepted.tokens[b], report, kept == "sinks")
+            row.sink.take(accepted.tokens[b], report, kept is Kept.SINKS)
 
-    def _advance(self, accepted: RowsVerdict, kept: str) -> None:
+    def _advance(self, accepted: RowsVerdict, kept: Kept) -> None:
         """After a step: the tokens it emitted join the batch's `(B, T)` tensor where it keeps them there (`kept`, as
         `_row_sequences` said), and every row's stop-string window."""
         counts = [report.count for report in accepted.reports]
-        if kept == "batch":
+        if kept is Kept.BATCH:
             self._tokens.take(accepted.tokens, counts)
         self._strings.advance(accepted.tokens, counts)
 
@@ -688,26 +699,26 @@ class BatchDecoder:
         processings: list[NodeProcessing | None],
         samplers: list[TargetSampler],
         device: torch.device,
-    ) -> tuple[RowSequences, RowSequences, str]:
+    ) -> tuple[RowSequences, RowSequences, Kept]:
         """The rows' tokens so far, for the target's processors and the draft's, and where the step keeps the tokens
-        it emits: nowhere on the device ("none") when no row processes its logits (the sinks write them when the rows
-        finish), in the batch's `(B, T)` tensor ("batch") when several rows share one processing, else in each row's
-        sink ("sinks": one row's sink holds its sequence as a view, where a `(B, T)` tensor costs launches to keep).
+        it emits (`Kept`): nowhere on the device when no row processes its logits (the sinks write them when the rows
+        finish), in the batch's `(B, T)` tensor when several rows share one processing, else in each row's sink (one
+        row's sink holds its sequence as a view, where a `(B, T)` tensor costs launches to keep).
         Both stay on the target's `device`, where the config's processors were built."""
         target_processings = [s.processing for s in samplers]
         if uniform_processing(processings + target_processings):
             self._tokens.forget()
-            return [None] * len(rows), [None] * len(rows), "none"
+            return [None] * len(rows), [None] * len(rows), Kept.NOWHERE
         shared = (uniform_processing(g) or common_processing(g) is not None for g in (processings, target_processings))
         if len(rows) > 1 and all(shared):
             sequences = self._tokens.sequences(rows, device)
-            return sequences, sequences.clamp_max(self.vocab_limit - 1), "batch"
+            return sequences, sequences.clamp_max(self.vocab_limit - 1), Kept.BATCH
         self._tokens.forget()
         sequences = [row.sink.sequence for row in rows]
         draft_sequences = [
             s if p is None else s.clamp_max(self.vocab_limit - 1) for s, p in zip(sequences, processings, strict=True)
         ]
-        return sequences, draft_sequences, "sinks"
+        return sequences, draft_sequences, Kept.SINKS
 
     def _judge_on_host(self, rows: list[_Row], accepted: RowsVerdict, logits: torch.Tensor) -> None:
         """Keep the scores and logits of what each row emits, from the verification's `logits` (B, N, V) at its
