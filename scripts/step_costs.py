@@ -36,8 +36,8 @@ from vlmspec import SpeculativeVLM
 from vlmspec.adapters import adapter_for
 from vlmspec.engine.compiled import compiled_forward
 from vlmspec.engine.device_tensors import host_values
+from vlmspec.engine.prompt_runner import ModelRunner
 from vlmspec.engine.row_runner import RowRunner
-from vlmspec.engine.runner import ModelRunner
 from vlmspec.engine.tree import DraftTree, with_edges
 from vlmspec.eval.bench import compiled_generate_config
 from vlmspec.testing import REPLICA_PAIRS, replica_config

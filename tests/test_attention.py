@@ -15,8 +15,8 @@ from vlmspec.attention import (
     tree_block_attention,
     unfold_heads,
 )
+from vlmspec.engine.prompt_runner import ModelRunner
 from vlmspec.engine.row_runner import RowRunner
-from vlmspec.engine.runner import ModelRunner
 from vlmspec.engine.tree import additive_mask, with_edges
 
 

@@ -10,7 +10,6 @@ import torch
 from test_batch import NEW_TOKENS, ROWS, assert_rows_equal_their_own_generate, early_eos, padded_batch
 
 from vlmspec import SpeculativeVLM
-from vlmspec.engine.cache import fixed_capacity
 from vlmspec.engine.compiled import (
     COMPILE_ENV,
     compiled_forward,
@@ -18,6 +17,7 @@ from vlmspec.engine.compiled import (
     resolve_compile,
     row_bucket,
 )
+from vlmspec.engine.prompt_cache import fixed_capacity
 
 POLICIES = ("chain", "static-tree", "sage", "sage-gt")
 

@@ -8,8 +8,8 @@ from conftest import CASES, DEVICE, DRAFTS, on_device
 
 from vlmspec import SageConfig, SageGtConfig, SpeculativeVLM
 from vlmspec.adapters import adapter_for
+from vlmspec.engine.prompt_runner import ModelRunner
 from vlmspec.engine.row_runner import RowRunner
-from vlmspec.engine.runner import ModelRunner
 from vlmspec.testing import chat_inputs, sample_frames
 from vlmspec.testing.distribution import extend_inputs
 

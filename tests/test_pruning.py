@@ -10,7 +10,7 @@ import torch
 
 from vlmspec import PruningConfig, SpeculativeVLM
 from vlmspec.adapters import adapter_for
-from vlmspec.engine.runner import ModelRunner
+from vlmspec.engine.prompt_runner import ModelRunner
 from vlmspec.pruning import VerifierScores, group_budgets, select_random, select_two_stage, select_uniform
 
 

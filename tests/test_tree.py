@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from one_tree import accept_greedy
 
-from vlmspec.engine.cache import SlabCache
+from vlmspec.engine.prompt_cache import SlabCache
 from vlmspec.engine.tree import DraftTree, TreeBuilder, rank_tree_shape, with_edges
 from vlmspec.policies import SPECVLM_TREE, RankTreePlan, resolve_policy
 

@@ -16,7 +16,7 @@ from .engine.batch import BatchDecoder, RowRequest, RowResult
 from .engine.budget import KVBudget
 from .engine.compiled import LARGEST_FORWARD, CompileGuard, compiled_forward
 from .engine.prefill import Prefiller
-from .engine.runner import ModelRunner
+from .engine.prompt_runner import ModelRunner
 from .engine.schedule import Arrivals
 from .engine.sequence import DecodeSettings
 from .engine.stats import SpecStats

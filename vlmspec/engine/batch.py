@@ -37,9 +37,9 @@ from .choice import NodeProcessing, TargetSampler
 from .commit import plan_commit
 from .device_tensors import host_values
 from .draft import Drafted, Drafter, SlotsRead
+from .kv_cache import RowCache
 from .prefill import Prefilled, Prefiller
 from .report import StepReport
-from .row_cache import RowCache
 from .row_runner import RowForward, RowRunner
 from .rows_step import (
     RowsDrafted,

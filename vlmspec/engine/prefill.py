@@ -11,7 +11,7 @@ import torch
 from ..adapters import VisualLayout
 from ..policies import TreePolicy
 from ..pruning import PruningConfig, VerifierScores
-from .runner import ModelRunner
+from .prompt_runner import ModelRunner
 from .stats import PhaseTimer, SpecStats
 
 

@@ -9,11 +9,11 @@ import torch
 
 from ..adapters import ModelAdapter
 from ..attention import tree_attention
-from .cache import TREE_ROOM, SlabCache
 from .compiled import CHECK_TOKENS, CompileGuard, GuardedRunner, padded_size, padded_sizes
 from .device_tensors import arange, host_values
-from .row_cache import RowCache
-from .runner import ModelRunner
+from .kv_cache import RowCache
+from .prompt_cache import TREE_ROOM, SlabCache
+from .prompt_runner import ModelRunner
 
 
 @dataclass

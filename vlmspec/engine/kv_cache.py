@@ -15,9 +15,9 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from .cache import SlabCache, fixed_capacity
 from .compiled import row_bucket
 from .device_tensors import arange, host_values
+from .prompt_cache import SlabCache, fixed_capacity
 from .schedule import compaction
 
 

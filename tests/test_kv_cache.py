@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from vlmspec.engine.cache import SlabCache, fixed_capacity
-from vlmspec.engine.row_cache import RowCache
+from vlmspec.engine.kv_cache import RowCache
+from vlmspec.engine.prompt_cache import SlabCache, fixed_capacity
 
 CPU = torch.device("cpu")
 LAYERS, HEADS, DIM = 2, 2, 3

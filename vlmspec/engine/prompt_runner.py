@@ -10,8 +10,8 @@ import torch
 
 from ..adapters import ModelAdapter
 from ..attention import tree_attention
-from .cache import SlabCache, check_cache
 from .compiled import CompileGuard, GuardedRunner
+from .prompt_cache import SlabCache, check_cache
 
 
 class ModelRunner(GuardedRunner):
