@@ -136,6 +136,69 @@ class Drafter:
         tokens = None if rows is None else self.builder.tokens[: self.builder.size]
         return proposal_log_probs(logits, processing, self.vocab_limit, sequence, tokens, rows, depth)
 
+    def _builder_for(self, slots: int, device: torch.device) -> TreeBuilder:
+        """The tree builder for a tree of up to `slots` nodes below its root on `device`: the one kept, made anew when
+        the tree outgrows it or it is on another device."""
+        if slots + 1 > self.builder.capacity or self.builder.tokens.device != device:
+            self.builder = TreeBuilder(max(slots, self.builder.capacity - 1), device)
+        return self.builder
+
+    def _add_level(
+        self,
+        plan: TreePlan,
+        level: int,
+        masked: bool,
+        frontier: slice,
+        child_log_probs: torch.Tensor,
+        child_order: torch.Tensor,
+        real_nodes: torch.Tensor,
+    ) -> tuple[slice | None, torch.Tensor]:
+        """Add `level` to the tree growing: the children `plan` selects among the top-k of each `frontier` node, from
+        their log-probabilities and ranking key `child_log_probs`, `child_order` (F, V). Masked, the level has a fixed
+        number of slots, the plan marking which are real within its node cap and the real nodes so far (`real_nodes`,
+        () on the device). Returns the level's nodes (None: the plan selected none) and the real nodes so far."""
+        builder = self.builder
+        top = child_order.topk(plan.top_k, dim=-1).indices
+        top_log_probs = child_log_probs.gather(-1, top)
+        parent_log_probs = builder.log_probs[frontier]
+        if masked:
+            count = min((frontier.stop - frontier.start) * plan.max_children(level), plan.max_nodes)
+            binds = builder.size - 1 + count > plan.max_nodes
+            budget = plan.max_nodes - real_nodes if binds else None
+            rows, ranks, valid = plan.slots(level, parent_log_probs, top_log_probs, budget, count)
+            real_nodes = real_nodes + valid.sum()
+        else:
+            budget = plan.max_nodes - (builder.size - 1)
+            rows, ranks = plan.children(level, parent_log_probs, top_log_probs, budget)
+            valid = None
+        if rows.shape[0] == 0:
+            return None, real_nodes
+        new = builder.add_level(
+            rows + frontier.start,
+            top[rows, ranks],
+            (parent_log_probs[:, None] + top_log_probs)[rows, ranks],
+            ranks,
+            valid,
+            structure=(rows, ranks),
+        )
+        return new, real_nodes
+
+    def _level_forward(
+        self, new: slice, level: int, root_index: int, processing: NodeProcessing | None, sequence: torch.Tensor
+    ) -> Generator[RowForward, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """Feed the nodes `new` of `level` to the draft: yields their forward, is sent its logits (q, V), and returns
+        the nodes' children's proposal log-probabilities and ranking key (q, V)."""
+        builder = self.builder
+        visible = builder.ancestors[new, 1 : new.stop]
+        logits = yield RowForward(builder.tokens[new], builder.depths[new], visible, root_index)
+        return self._log_probs(
+            logits,
+            processing,
+            sequence,
+            None if processing is None else builder.ancestors[new, : builder.size],
+            level,
+        )
+
     def steps(
         self,
         pending: torch.Tensor,
@@ -154,11 +217,8 @@ class Drafter:
         `max_depth` levels (the tokens left in the budget, less the bonus token), if given."""
         masked = plan.masked if plan.masked is not None else self.runner.device.type != "cpu"
         depth = plan.levels(masked) if max_depth is None else max(0, min(plan.levels(masked), max_depth))
-        slots = plan.max_nodes * (depth if masked else 1)
         device = pending.device
-        if slots + 1 > self.builder.capacity or self.builder.tokens.device != device:
-            self.builder = TreeBuilder(max(slots, self.builder.capacity - 1), device)
-        builder = self.builder
+        builder = self._builder_for(plan.max_nodes * (depth if masked else 1), device)
         root = pending[-1]
         pending = pending.clamp_max(self.input_limit - 1)
         if processing is not None:
@@ -175,43 +235,15 @@ class Drafter:
         cached_depth, forwards, fed_tokens = 0, 1, pending.shape[0]
         real_nodes = torch.zeros((), dtype=torch.long, device=device)
         for level in range(1, depth + 1):
-            top = child_order.topk(plan.top_k, dim=-1).indices
-            top_log_probs = child_log_probs.gather(-1, top)
-            parent_log_probs = builder.log_probs[frontier]
-            if masked:
-                count = min((frontier.stop - frontier.start) * plan.max_children(level), plan.max_nodes)
-                binds = builder.size - 1 + count > plan.max_nodes
-                budget = plan.max_nodes - real_nodes if binds else None
-                rows, ranks, valid = plan.slots(level, parent_log_probs, top_log_probs, budget, count)
-                real_nodes = real_nodes + valid.sum()
-            else:
-                budget = plan.max_nodes - (builder.size - 1)
-                rows, ranks = plan.children(level, parent_log_probs, top_log_probs, budget)
-                valid = None
-            if rows.shape[0] == 0:
+            new, real_nodes = self._add_level(plan, level, masked, frontier, child_log_probs, child_order, real_nodes)
+            if new is None:
                 break
-            new = builder.add_level(
-                rows + frontier.start,
-                top[rows, ranks],
-                (parent_log_probs[:, None] + top_log_probs)[rows, ranks],
-                ranks,
-                valid,
-                structure=(rows, ranks),
-            )
             full = not masked and builder.size - 1 >= plan.max_nodes
             if level == depth or full or (not masked and not plan.grows(level)):
                 break
             frontier = new
-            visible = builder.ancestors[new, 1 : new.stop]
-            logits = yield RowForward(builder.tokens[new], builder.depths[new], visible, root_index)
+            child_log_probs, child_order = yield from self._level_forward(new, level, root_index, processing, sequence)
             forwards, fed_tokens = forwards + 1, fed_tokens + new.stop - new.start
-            child_log_probs, child_order = self._log_probs(
-                logits,
-                processing,
-                sequence,
-                None if processing is None else builder.ancestors[new, : builder.size],
-                level,
-            )
             cached_depth = level
         real = (yield SlotsRead(builder.valid[: builder.size])) if builder.masked else None
         tree, greedy_depth, slots = builder.finish(real)

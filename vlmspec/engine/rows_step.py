@@ -167,23 +167,7 @@ def draft_rows(
     child_log_probs, child_order = root_log_probs, root_order
     cached_depth, forwards = 0, 1
     for level in range(1, depth + 1):
-        frontier, new = shape.level(level - 1), shape.level(level)
-        top = child_order.topk(top_k, dim=-1)
-        # Ranked by the log-probabilities themselves (no warpers), the top values are theirs.
-        top_log_probs = top.values if child_order is child_log_probs else child_log_probs.gather(-1, top.indices)
-        count = shape.full[level - 1]
-        if count is not None:  # every frontier node's first `count` ranks, in order: views, no gather
-            level_tokens = tokens[:, new].view(rows, -1, count)
-            level_tokens.copy_(top.indices[:, :, :count])
-            picked, level_log_probs = top_log_probs[:, :, :count], log_probs[:, new].view(rows, -1, count)
-            parents = log_probs[:, frontier, None]
-        else:
-            parent_rows, ranks = shape.children[level - 1]
-            tokens[:, new] = top.indices[:, parent_rows, ranks]
-            picked, level_log_probs = top_log_probs[:, parent_rows, ranks], log_probs[:, new]
-            parents = log_probs[:, frontier][:, parent_rows]
-        # The root's path log-probability is 0.
-        level_log_probs.copy_(picked if level == 1 else parents + picked)
+        new = _shape_level(shape, level, top_k, child_log_probs, child_order, tokens, log_probs)
         if level == depth:
             break
         visible = shape.block(new, slice(1, new.stop))
@@ -194,18 +178,62 @@ def draft_rows(
             logits, plain, processings, sequences, vocab_limit, tokens[:, : new.stop], ancestors, level
         )
         cached_depth = level
+    trees, greedy_depth, row_depths = _shape_trees(shape, tokens, log_probs, depth, max_depths)
+    sizes = [shape.level_ends[d] for d in row_depths]
+    cached = [cached_depth] * rows
+    return RowsDrafted(trees, root_log_probs[:, 0], cached, greedy_depth, sizes, row_depths, forwards, fed_tokens)
+
+
+def _shape_level(
+    shape: TreeShape,
+    level: int,
+    top_k: int,
+    child_log_probs: torch.Tensor,
+    child_order: torch.Tensor,
+    tokens: torch.Tensor,
+    log_probs: torch.Tensor,
+) -> slice:
+    """Write `level` of every row's tree of `shape` into its `tokens` and path `log_probs` (B, N): each frontier
+    node's children are the ranks of its draft top-k the shape names, from the frontier's log-probabilities and
+    ranking key `child_log_probs`, `child_order` (B, F, V). Returns the level's nodes."""
+    rows = tokens.shape[0]
+    frontier, new = shape.level(level - 1), shape.level(level)
+    top = child_order.topk(top_k, dim=-1)
+    # Ranked by the log-probabilities themselves (no warpers), the top values are theirs.
+    top_log_probs = top.values if child_order is child_log_probs else child_log_probs.gather(-1, top.indices)
+    count = shape.full[level - 1]
+    if count is not None:  # every frontier node's first `count` ranks, in order: views, no gather
+        level_tokens = tokens[:, new].view(rows, -1, count)
+        level_tokens.copy_(top.indices[:, :, :count])
+        picked, level_log_probs = top_log_probs[:, :, :count], log_probs[:, new].view(rows, -1, count)
+        parents = log_probs[:, frontier, None]
+    else:
+        parent_rows, ranks = shape.children[level - 1]
+        tokens[:, new] = top.indices[:, parent_rows, ranks]
+        picked, level_log_probs = top_log_probs[:, parent_rows, ranks], log_probs[:, new]
+        parents = log_probs[:, frontier][:, parent_rows]
+    # The root's path log-probability is 0.
+    level_log_probs.copy_(picked if level == 1 else parents + picked)
+    return new
+
+
+def _shape_trees(
+    shape: TreeShape, tokens: torch.Tensor, log_probs: torch.Tensor, depth: int, max_depths: list[int]
+) -> tuple[TreeRows, torch.Tensor, list[int]]:
+    """Every row's grown tree of `shape`, `depth` levels of `tokens` and path `log_probs` (B, N), its nodes deeper
+    than the row's budget (`max_depths`) allows invalid; how deep each row's draft top-1 path reaches in it (B,), and
+    each row's tree depth (host)."""
+    rows, n = tokens.shape
     row_depths = [min(depth, d) for d in max_depths]
     valid = None
     if min(row_depths) < depth:
-        valid = shape.depths[None, :n] <= host_values(row_depths, device)[:, None]
+        valid = shape.depths[None, :n] <= host_values(row_depths, tokens.device)[:, None]
     trees = TreeRows(tokens, log_probs, shape.parents[:n], shape.depths[:n], shape.ancestors[:n, :n], depth, valid)
     if valid is None:
         greedy_depth = shape.greedy_depth(n).expand(rows)
     else:
         greedy_depth = (shape.greedy_path[None, :n] * valid).amax(dim=1)
-    sizes = [shape.level_ends[d] for d in row_depths]
-    cached = [cached_depth] * rows
-    return RowsDrafted(trees, root_log_probs[:, 0], cached, greedy_depth, sizes, row_depths, forwards, fed_tokens)
+    return trees, greedy_depth, row_depths
 
 
 def _root_forward(
@@ -248,114 +276,233 @@ def draft_adaptive_rows(
     gathers each row's tree to its own nodes, so every row gets the tree the one-row drafter grows for it (per-row
     structure, padded; `slots` maps each node to the slot the draft was fed it at). Arguments as `draft_rows`'.
     """
-    device = pending.device
-    rows = pending.shape[0]
-    top_k, caps = plans[0].top_k, [plan.max_nodes for plan in plans]
+    device, rows = pending.device, pending.shape[0]
     valued = isinstance(plans[0], CostAwareTreePlan)
     masked = plans[0].masked if plans[0].masked is not None else device.type != "cpu"
     row_depths = [max(0, min(plan.levels(masked), limit)) for plan, limit in zip(plans, max_depths, strict=True)]
     levels = max(row_depths)
     root_logits, root, root_position, fed_tokens = _root_forward(draft, pending, counts, input_limit)
     plain = uniform_processing(processings)
-    capacity = 1 + levels * max(caps)
+    capacity = 1 + levels * max(plan.max_nodes for plan in plans)
     settings = _level_settings(plans, levels, valued, row_depths, device)
-    tokens = torch.empty(rows, capacity, dtype=torch.long, device=device)
-    log_probs = torch.empty(rows, capacity, device=device)
-    candidates = torch.zeros(rows, capacity, dtype=torch.long, device=device)
-    dropped = torch.empty(rows, capacity, dtype=torch.bool, device=device)
-    ancestors = torch.zeros(rows, capacity, capacity, dtype=torch.bool, device=device)
-    ancestors[:, 0, 0] = True
-    dropped[:, 0] = False
-    tokens[:, 0] = root
-    log_probs[:, 0] = 0.0
+    growth = _Growth.start(root, capacity, settings.reach, min(row_depths))
     root_log_probs, root_order = _log_probs(root_logits[:, None], plain, processings, sequences, vocab_limit)
     child_log_probs, child_order = root_log_probs, root_order
-    reach, shallowest = settings.reach, min(row_depths)
-    if valued:
-        table = plans[0].calibration.table(device)
-        continuation = plans[0].calibration.continuation
-        parent_values = None  # the first level's parent is the root, worth 1
-    rank_row = arange(top_k, device).float()
-    size, frontier, level_ends = 1, slice(0, 1), [1]
+    selection = _Selection.of(plans, settings, valued, masked, device)
     cached_depth, forwards = 0, 1
     for level in range(1, levels + 1):
-        top = child_order.topk(top_k, dim=-1)
-        top_log_probs = top.values if child_order is child_log_probs else child_log_probs.gather(-1, top.indices)
-        parent_log_probs = log_probs[:, frontier]
-        # Each row's W_l (W at the first level, W / l below, scaled by 0.5 + P_parent) and its floor (log theta_l for
-        # SAGE, the node price for sage-gt), as its plan computes them on the host.
-        scale, floor = settings.widths[level - 1, :, None], settings.floors[level - 1, :, None, None]
-        width = scale if level == 1 else (parent_log_probs.exp() + 0.5) * scale
-        # The root's path log-probability is 0.
-        cumulative = top_log_probs if level == 1 else parent_log_probs[:, :, None] + top_log_probs
-        if valued:
-            # sage-gt: a child is worth its calibrated acceptance times its parent's.
-            scores = plans[0].calibration.rate(top_log_probs, table)
-            scores = scores if level == 1 else scores * parent_values[:, :, None]
-            drop = (scores <= floor) | (rank_row >= width[:, :, None])
-            if level == 1:
-                drop[:, 0, 0] &= settings.stay
-        else:
-            scores = cumulative
-            drop = (rank_row >= width[:, :, None]) | (cumulative <= floor)
-        if level > shallowest:  # some row's budget (or value) ends above this level
-            drop |= (reach < level)[:, None, None]
-        bound = parent_log_probs.shape[1] * max(plan.max_children(level) for plan in plans)
-        count = min(bound, max(caps))
-        if size - 1 + (count if masked else bound) > min(caps):
-            # A node cap may bind: each row keeps its best children within what it has left.
-            order = scores.masked_fill(drop, -torch.inf).flatten(1).argsort(dim=1, descending=True, stable=True)
-            rank = torch.empty_like(order).scatter_(1, order, arange(order.shape[1], device).expand(rows, -1))
-            left = dropped[:, 1:size].sum(1) + (settings.caps - (size - 1))
-            drop |= (rank >= left[:, None]).view_as(drop)
-        flat_drop = drop.flatten(1)
-        grows = True
-        if not masked:
-            # As the one-row drafter grows unmasked: the level holds the most children a row keeps, and the growth
-            # stops at the first level no row adds to; a sage-gt row grows below this level while the level's value
-            # pays for a draft forward over it (`CostAwareTreePlan.grows`). One read a level.
-            per_row = flat_drop.shape[1] - flat_drop.sum(1)
-            if valued:
-                gain = scores.flatten(1).masked_fill(flat_drop, 0.0).sum(1) * continuation
-                paying = gain > settings.forward_fixed + settings.forward_per_node * per_row
-                reach, shallowest = torch.where(paying, reach, level), level
-                count, grows = torch.stack([per_row.max(), paying.any()]).tolist()
-            else:
-                count = int(per_row.max())
-        if count == 0:  # (masked: every row's node cap is 0, a plain step)
+        choice = _select_children(selection, growth, level, child_log_probs, child_order)
+        if choice.count == 0:  # (masked: every row's node cap is 0, a plain step)
             break
-        # Each row's kept candidates first, by frontier slot then rank.
-        order = torch.argsort(flat_drop.to(torch.uint8), dim=1, stable=True)[:, :count]
-        new = slice(size, size + count)
-        torch.gather(top.indices.flatten(1), 1, order, out=tokens[:, new])
-        torch.gather(cumulative.masked_fill(drop, -torch.inf).flatten(1), 1, order, out=log_probs[:, new])
-        torch.gather(flat_drop, 1, order, out=dropped[:, new])
-        candidates[:, new] = order
-        parent = (order // top_k)[:, :, None].expand(-1, -1, capacity)
-        torch.gather(ancestors[:, frontier], 1, parent, out=ancestors[:, new])
-        ancestors[:, new, new].diagonal(dim1=1, dim2=2).fill_(True)
-        if valued:
-            parent_values = scores.flatten(1).masked_fill(flat_drop, 0.0).gather(1, order)
-        size = new.stop
-        level_ends.append(size)
-        if level == levels or not grows:
+        new = _write_level(growth, choice, selection)
+        if level == levels or not choice.grows:
             break
         # The new nodes' ancestor rows over slots 0..size are their visibility with its edges (`with_edges`): the
         # root before the block, the slot after it not yet grown.
-        visible = ancestors[:, new, : size + 1]
-        depths = arange(levels + 1, device)[level : level + 1].expand(count)
-        logits = draft.forward_rows(tokens[:, new], depths, root_position, visible)
-        forwards, fed_tokens = forwards + 1, fed_tokens + rows * count
+        visible = growth.ancestors[:, new, : growth.size + 1]
+        depths = arange(levels + 1, device)[level : level + 1].expand(choice.count)
+        logits = draft.forward_rows(growth.tokens[:, new], depths, root_position, visible)
+        forwards, fed_tokens = forwards + 1, fed_tokens + rows * choice.count
+        tokens, ancestors = growth.tokens[:, : growth.size], growth.ancestors[:, new, : growth.size]
         child_log_probs, child_order = _log_probs(
-            logits, plain, processings, sequences, vocab_limit, tokens[:, :size], ancestors[:, new, :size], level
+            logits, plain, processings, sequences, vocab_limit, tokens, ancestors, level
         )
-        frontier = new
         cached_depth = level
+    return _adaptive_rows(growth, selection.top_k, root_log_probs, cached_depth, forwards, fed_tokens)
+
+
+@dataclass
+class _Growth:
+    """Every row's padded levels as they grow, in slots 0..C-1: tokens, path log-probabilities, candidate indices
+    (frontier slot times `top_k` plus rank) and which slots are dropped (B, C), and ancestor rows (B, C, C). Between
+    levels it carries what the next one reads: the slots written (`size`), the last level's (`frontier`), where each
+    level ends (`level_ends`), how many levels each row may grow (`reach`, (B,)), the fewest any row may, as known on
+    the host (`shallowest`), and sage-gt's values of the frontier's nodes (B, F)."""
+
+    tokens: torch.Tensor
+    log_probs: torch.Tensor
+    candidates: torch.Tensor
+    dropped: torch.Tensor
+    ancestors: torch.Tensor
+    reach: torch.Tensor
+    shallowest: int
+    size: int
+    frontier: slice
+    level_ends: list[int]
+    parent_values: torch.Tensor | None = None  # the first level's parent is the root, worth 1
+
+    @staticmethod
+    def start(root: torch.Tensor, capacity: int, reach: torch.Tensor, shallowest: int) -> _Growth:
+        """Every row's `capacity` slots holding its root (B,) alone: kept, its own ancestor, of path log-probability
+        0 (the other slots written as the levels grow)."""
+        rows, device = root.shape[0], root.device
+        tokens = torch.empty(rows, capacity, dtype=torch.long, device=device)
+        log_probs = torch.empty(rows, capacity, device=device)
+        candidates = torch.zeros(rows, capacity, dtype=torch.long, device=device)
+        dropped = torch.empty(rows, capacity, dtype=torch.bool, device=device)
+        ancestors = torch.zeros(rows, capacity, capacity, dtype=torch.bool, device=device)
+        ancestors[:, 0, 0] = True
+        dropped[:, 0] = False
+        tokens[:, 0] = root
+        log_probs[:, 0] = 0.0
+        return _Growth(tokens, log_probs, candidates, dropped, ancestors, reach, shallowest, 1, slice(0, 1), [1])
+
+
+@dataclass
+class _Selection:
+    """What every level's selection of children reads of the rows' plans: the plans and their parameters on the
+    device (`settings`), their shared top-k and each row's node cap (host), whether they are sage-gt's (`valued`;
+    then the calibration's lookup table on the device and its continuation) and grown masked (a fixed number of
+    slots a level), and the ranks 0..top_k-1 as floats (top_k,)."""
+
+    plans: Sequence[AdaptiveTreePlan]
+    settings: _LevelSettings
+    top_k: int
+    caps: list[int]
+    valued: bool
+    masked: bool
+    ranks: torch.Tensor
+    table: tuple[torch.Tensor, torch.Tensor] | None
+    continuation: float | None
+
+    @staticmethod
+    def of(
+        plans: Sequence[AdaptiveTreePlan], settings: _LevelSettings, valued: bool, masked: bool, device: torch.device
+    ) -> _Selection:
+        """The `_Selection` of `plans` on `device` (sage-gt's table copied there without a wait)."""
+        table = continuation = None
+        if valued:
+            table = plans[0].calibration.table(device)
+            continuation = plans[0].calibration.continuation
+        ranks = arange(plans[0].top_k, device).float()
+        caps = [plan.max_nodes for plan in plans]
+        return _Selection(plans, settings, plans[0].top_k, caps, valued, masked, ranks, table, continuation)
+
+
+@dataclass
+class _Choice:
+    """A level's selection among its frontier's top-k candidates (B, F, top_k): their tokens, path log-probabilities
+    (`cumulative`), scores (SAGE's: the path log-probabilities; sage-gt's: values) and which each row drops (`drop`,
+    and `flat_drop` (B, F * top_k) the same); the slots the level holds (`count`) and whether the growth goes on
+    below it (`grows`)."""
+
+    tokens: torch.Tensor
+    cumulative: torch.Tensor
+    scores: torch.Tensor
+    drop: torch.Tensor
+    flat_drop: torch.Tensor
+    count: int
+    grows: bool
+
+
+def _select_children(
+    selection: _Selection, growth: _Growth, level: int, child_log_probs: torch.Tensor, child_order: torch.Tensor
+) -> _Choice:
+    """`level`'s selection of children: each row keeps the candidates among its frontier's top-k (by the ranking key
+    `child_order`, of log-probabilities `child_log_probs` (B, F, V)) that its plan's width, floor, reach and node cap
+    allow; the level holds a fixed number of slots (masked), or the most children a row keeps (`_kept_count`)."""
+    rows, plans, caps = child_order.shape[0], selection.plans, selection.caps
+    top = child_order.topk(selection.top_k, dim=-1)
+    top_log_probs = top.values if child_order is child_log_probs else child_log_probs.gather(-1, top.indices)
+    cumulative, scores, drop = _plan_drops(selection, growth, level, top_log_probs)
+    bound = (growth.frontier.stop - growth.frontier.start) * max(plan.max_children(level) for plan in plans)
+    count = min(bound, max(caps))
+    if growth.size - 1 + (count if selection.masked else bound) > min(caps):
+        # A node cap may bind: each row keeps its best children within what it has left.
+        order = scores.masked_fill(drop, -torch.inf).flatten(1).argsort(dim=1, descending=True, stable=True)
+        rank = torch.empty_like(order).scatter_(1, order, arange(order.shape[1], order.device).expand(rows, -1))
+        left = growth.dropped[:, 1 : growth.size].sum(1) + (selection.settings.caps - (growth.size - 1))
+        drop |= (rank >= left[:, None]).view_as(drop)
+    flat_drop = drop.flatten(1)
+    grows = True
+    if not selection.masked:
+        count, grows = _kept_count(selection, growth, level, scores, flat_drop)
+    return _Choice(top.indices, cumulative, scores, drop, flat_drop, count, grows)
+
+
+def _plan_drops(
+    selection: _Selection, growth: _Growth, level: int, top_log_probs: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The frontier's top-k candidates' path log-probabilities and scores, and which of them each row's plan drops
+    by its width, floor and reach (B, F, top_k each), from the candidates' own log-probabilities `top_log_probs`."""
+    settings = selection.settings
+    parent_log_probs = growth.log_probs[:, growth.frontier]
+    # Each row's W_l (W at the first level, W / l below, scaled by 0.5 + P_parent) and its floor (log theta_l for
+    # SAGE, the node price for sage-gt), as its plan computes them on the host.
+    scale, floor = settings.widths[level - 1, :, None], settings.floors[level - 1, :, None, None]
+    width = scale if level == 1 else (parent_log_probs.exp() + 0.5) * scale
+    # The root's path log-probability is 0.
+    cumulative = top_log_probs if level == 1 else parent_log_probs[:, :, None] + top_log_probs
+    if selection.valued:
+        # sage-gt: a child is worth its calibrated acceptance times its parent's.
+        scores = selection.plans[0].calibration.rate(top_log_probs, selection.table)
+        scores = scores if level == 1 else scores * growth.parent_values[:, :, None]
+        drop = (scores <= floor) | (selection.ranks >= width[:, :, None])
+        if level == 1:
+            drop[:, 0, 0] &= settings.stay
+    else:
+        scores = cumulative
+        drop = (selection.ranks >= width[:, :, None]) | (cumulative <= floor)
+    if level > growth.shallowest:  # some row's budget (or value) ends above this level
+        drop |= (growth.reach < level)[:, None, None]
+    return cumulative, scores, drop
+
+
+def _kept_count(
+    selection: _Selection, growth: _Growth, level: int, scores: torch.Tensor, flat_drop: torch.Tensor
+) -> tuple[int, bool]:
+    """How many slots an unmasked level holds, and whether the growth goes on below it, from which candidates each
+    row drops (`flat_drop`, (B, F * top_k)) and their `scores` (B, F, top_k)."""
+    # As the one-row drafter grows unmasked: the level holds the most children a row keeps, and the growth
+    # stops at the first level no row adds to; a sage-gt row grows below this level while the level's value
+    # pays for a draft forward over it (`CostAwareTreePlan.grows`). One read a level.
+    per_row = flat_drop.shape[1] - flat_drop.sum(1)
+    if selection.valued:
+        settings = selection.settings
+        gain = scores.flatten(1).masked_fill(flat_drop, 0.0).sum(1) * selection.continuation
+        paying = gain > settings.forward_fixed + settings.forward_per_node * per_row
+        growth.reach, growth.shallowest = torch.where(paying, growth.reach, level), level
+        count, grows = torch.stack([per_row.max(), paying.any()]).tolist()
+        return count, bool(grows)
+    return int(per_row.max()), True
+
+
+def _write_level(growth: _Growth, choice: _Choice, selection: _Selection) -> slice:
+    """The level's gathers: every row's `choice.count` first candidates, its kept ones first (the rest dropped
+    slots), written as the growth's next level (tokens, path log-probabilities, dropped flags, candidate indices,
+    ancestor rows and sage-gt's values), which becomes the frontier. Returns the level's slots."""
+    flat_drop, top_k, capacity = choice.flat_drop, selection.top_k, growth.ancestors.shape[2]
+    # Each row's kept candidates first, by frontier slot then rank.
+    order = torch.argsort(flat_drop.to(torch.uint8), dim=1, stable=True)[:, : choice.count]
+    new = slice(growth.size, growth.size + choice.count)
+    torch.gather(choice.tokens.flatten(1), 1, order, out=growth.tokens[:, new])
+    kept_log_probs = choice.cumulative.masked_fill(choice.drop, -torch.inf).flatten(1)
+    torch.gather(kept_log_probs, 1, order, out=growth.log_probs[:, new])
+    torch.gather(flat_drop, 1, order, out=growth.dropped[:, new])
+    growth.candidates[:, new] = order
+    parent = (order // top_k)[:, :, None].expand(-1, -1, capacity)
+    torch.gather(growth.ancestors[:, growth.frontier], 1, parent, out=growth.ancestors[:, new])
+    growth.ancestors[:, new, new].diagonal(dim1=1, dim2=2).fill_(True)
+    if selection.valued:
+        growth.parent_values = choice.scores.flatten(1).masked_fill(flat_drop, 0.0).gather(1, order)
+    growth.size, growth.frontier = new.stop, new
+    growth.level_ends.append(growth.size)
+    return new
+
+
+def _adaptive_rows(
+    growth: _Growth, top_k: int, root_log_probs: torch.Tensor, cached_depth: int, forwards: int, fed_tokens: int
+) -> RowsDrafted:
+    """The final gather of the trees: every row's real slots of the grown levels, read once, as its own tree
+    (`_gathered`); `root_log_probs` (B, 1, V), the levels the draft cache holds, the draft forwards and tokens fed."""
     # The step's one read for the trees: every row's real slots.
-    real = [[slot for slot, drop in enumerate(flags) if not drop] for flags in dropped[:, :size].tolist()]
-    trees, greedy_depth, tree_depths = _gathered(tokens, log_probs, candidates, ancestors, top_k, real, level_ends)
+    flags = growth.dropped[:, : growth.size].tolist()
+    real = [[slot for slot, drop in enumerate(row) if not drop] for row in flags]
+    trees, greedy_depth, tree_depths = _gathered(
+        growth.tokens, growth.log_probs, growth.candidates, growth.ancestors, top_k, real, growth.level_ends
+    )
     sizes = [len(slots) for slots in real]
-    cached = [cached_depth] * rows
+    cached = [cached_depth] * len(real)
     return RowsDrafted(
         trees, root_log_probs[:, 0], cached, greedy_depth, sizes, tree_depths, forwards, fed_tokens, real
     )
@@ -530,32 +677,11 @@ def accept_all(
     plain = uniform_processing(processings)
     # A tree of its root alone (a plain step) warps its rows whole, as `generate` does: nothing to compact or doubt.
     compact = compact and trees.size > 1
-    if plain:
-        scores = logits.float()
-    elif isinstance(sequences, torch.Tensor):
-        scores = processings[0].process_rows(logits, sequences, trees.tokens, trees.ancestors)
-    elif same_processing(processings) is not None:
-        scores = processings[0].process_rows(logits, sequences, trees.tokens, trees.row_ancestors())
-    else:
-        ancestors = trees.row_ancestors()
-        scores = _stacked(
-            [p.process(logits[b], sequences[b], trees.tokens[b], ancestors[b]) for b, p in enumerate(processings)]
-        )
+    scores = _target_scores(logits, trees, processings, plain, sequences)
     greedy = None if all(rules) else accept_greedy_rows(trees, scores.argmax(-1))
     verdict = greedy
     if any(rules):
-        if plain:
-            probs, doubt = scores.softmax(-1), None
-        elif isinstance(sequences, torch.Tensor):
-            probs, doubt = processings[0].distribution_rows(scores, sequences, compact)
-        else:
-            distributions = [p.distribution(scores[b], sequences[b], compact) for b, p in enumerate(processings)]
-            probs = _stacked([d[0] for d in distributions])
-            doubts = [d[1] for d in distributions]
-            doubt = None
-            if any(d is not None for d in doubts):
-                no = torch.zeros((), dtype=torch.bool, device=probs.device)
-                doubt = _stacked([no if d is None else d for d in doubts])
+        probs, doubt = _target_distribution(scores, processings, plain, sequences, compact)
         generators = [s.generator for s in samplers]
         own = None if all(g is None for g in generators) else generators
         verdict = accept_sampled_rows(trees, probs, own, drafted.sizes)
@@ -565,8 +691,8 @@ def accept_all(
     tokens = emitted_rows(trees, verdict)
     stops = None if strings is None else strings.hits(tokens)
     packed = pack_rows(trees, verdict, tokens, eos_token_ids, rooms, drafted.greedy_depth, statistics, with_tree, stops)
-    reports = read_rows(packed, trees, tokens, with_tree, drafted.sizes)
-    for b, report in enumerate(reports):
+    accepted = RowsVerdict(verdict, tokens, read_rows(packed, trees, tokens, with_tree, drafted.sizes))
+    for b, report in enumerate(accepted.reports):
         if report.doubt:
             again = accept_all(
                 RowsDrafted.one(drafted.row(b)),
@@ -581,14 +707,65 @@ def accept_all(
                 None if strings is None else strings.row(b),
                 compact=False,
             )
-            depth = again.tokens.shape[1]
-            verdict.path[b].zero_()
-            verdict.path[b, :depth] = again.verdict.path[0]
-            verdict.accepted[b] = again.verdict.accepted[0]
-            verdict.bonus[b] = again.verdict.bonus[0]
-            tokens[b, :depth] = again.tokens[0]
-            reports[b] = again.reports[0]
-    return RowsVerdict(verdict, tokens, reports)
+            _replace_row(accepted, b, again)
+    return accepted
+
+
+def _target_scores(
+    logits: torch.Tensor,
+    trees: TreeRows,
+    processings: Sequence[NodeProcessing | None],
+    plain: bool,
+    sequences: RowSequences,
+) -> torch.Tensor:
+    """The target's `logits` (B, N, V) of every row's tree nodes under its row's processing (`plain`: none; one
+    batched call where rows share it, else row by row), as float scores (B, N, V)."""
+    if plain:
+        return logits.float()
+    if isinstance(sequences, torch.Tensor):
+        return processings[0].process_rows(logits, sequences, trees.tokens, trees.ancestors)
+    if same_processing(processings) is not None:
+        return processings[0].process_rows(logits, sequences, trees.tokens, trees.row_ancestors())
+    ancestors = trees.row_ancestors()
+    return _stacked(
+        [p.process(logits[b], sequences[b], trees.tokens[b], ancestors[b]) for b, p in enumerate(processings)]
+    )
+
+
+def _target_distribution(
+    scores: torch.Tensor,
+    processings: Sequence[NodeProcessing | None],
+    plain: bool,
+    sequences: RowSequences,
+    compact: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The distribution (B, N, V) sampling rows draw from, warped from the target's processed `scores` (B, N, V) as
+    `generate` warps them, and whether each row's is in doubt ((B,) bool; None: no row's can be, see
+    `NodeProcessing.distribution`)."""
+    if plain:
+        return scores.softmax(-1), None
+    if isinstance(sequences, torch.Tensor):
+        return processings[0].distribution_rows(scores, sequences, compact)
+    distributions = [p.distribution(scores[b], sequences[b], compact) for b, p in enumerate(processings)]
+    probs = _stacked([d[0] for d in distributions])
+    doubts = [d[1] for d in distributions]
+    doubt = None
+    if any(d is not None for d in doubts):
+        no = torch.zeros((), dtype=torch.bool, device=probs.device)
+        doubt = _stacked([no if d is None else d for d in doubts])
+    return probs, doubt
+
+
+def _replace_row(accepted: RowsVerdict, b: int, again: RowsVerdict) -> None:
+    """Row `b`'s verdict, emitted tokens and report in `accepted` replaced by those of `again`, its acceptance alone
+    (a batch of one)."""
+    verdict, depth = accepted.verdict, again.tokens.shape[1]
+    verdict.path[b].zero_()
+    verdict.path[b, :depth] = again.verdict.path[0]
+    verdict.accepted[b] = again.verdict.accepted[0]
+    verdict.bonus[b] = again.verdict.bonus[0]
+    accepted.tokens[b, :depth] = again.tokens[0]
+    accepted.reports[b] = again.reports[0]
 
 
 def _stacked(parts: Sequence[torch.Tensor]) -> torch.Tensor:
