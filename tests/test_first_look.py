@@ -95,7 +95,7 @@ def test_unused_seconds_pass_to_the_next_sub_step_and_none_starts_past_the_budge
 def test_through_gpu_report_sh_sub_steps_on_a_missing_device_fail_and_are_recorded_and_the_run_exits_1(tmp_path):
     argv = ["bash", "scripts/gpu_report.sh", str(tmp_path), "first-look", "--device", "no-such-device", "--quick"]
     finished = subprocess.run(
-        [*argv, "--budget", "30"],
+        [*argv, "--budget", "20"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -105,7 +105,7 @@ def test_through_gpu_report_sh_sub_steps_on_a_missing_device_fail_and_are_record
     records = json.loads((tmp_path / "first-look.json").read_text())["sub_steps"]
     assert [r["name"] for r in records] == NAMES
     assert records[0]["status"] == "ok" and records[1]["status"].startswith("failed (exit ")
-    assert all(r["status"].startswith(("failed", "skipped")) for r in records[2:])
+    assert all(r["status"] != "ok" for r in records[2:]), "failed, timed out or skipped: none can pass"
     assert "no-such-device" in (tmp_path / "first-look.log").read_text()
 
 
