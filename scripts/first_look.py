@@ -105,7 +105,7 @@ def run(settings: Settings, out: Path, steps: list[SubStep], clock: Callable[[],
         limit = max(0.0, min(own, left))
         record, log = run_sub_step(step, settings, limit)
         if step.seconds is not None:
-            banked = max(0.0, limit - record["seconds"]) if record["status"] == "ok" else 0.0
+            banked = max(0.0, limit - record["seconds"])
         report.records.append(record)
         report.append_log(record, log)
         report.write()

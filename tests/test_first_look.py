@@ -84,9 +84,9 @@ def test_a_sub_step_past_its_limit_is_stopped_and_recorded_and_the_next_goes_on(
 
 
 def test_unused_seconds_pass_to_the_next_sub_step_and_none_starts_past_the_budget(tmp_path):
-    steps = [sleeper("quick", 6, 0), sleeper("next", 6, 0), sleeper("long", None, 60)]
+    steps = [sleeper("quick", 6, 0, code=3), sleeper("next", 6, 0), sleeper("long", None, 60)]
     records = first_look.run(Settings(tmp_path / "work", "cpu", True, 15), tmp_path, steps)
-    assert records[1]["limit"] > 9, "the first sub-step's unused seconds were added to the second's 6"
+    assert records[1]["limit"] > 9, "the first sub-step's unused seconds (it failed fast) were added to the second's 6"
     assert records[2]["status"] == "timed out" and records[2]["limit"] <= 15
     late = first_look.run(Settings(tmp_path / "late", "cpu", True, 3), tmp_path, [sleeper("late", 20, 0)])
     assert late[0]["status"] == "skipped: no time left"
