@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import bisect
 import functools
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from ..policies import AdaptiveTreePlan, CostAwareTreePlan
+from ..policies import LevelChoice, LevelRules, TreePlan
 from .accept import Verdict, accept_greedy_rows, accept_sampled_rows
 from .choice import NodeProcessing, TargetSampler
 from .device_tensors import arange, host_values, zeros
@@ -72,23 +71,6 @@ class RowsDrafted:
             [grown.tree.depth],
             grown.forwards,
             grown.fed_tokens,
-        )
-
-    @staticmethod
-    def stacked(grown: Sequence[Drafted], device: torch.device, forwards: int, fed_tokens: int) -> RowsDrafted:
-        """Trees grown row by row (of different shapes) as rows of their own structure on `device`, padded to the
-        largest."""
-        trees = TreeRows.padded([d.tree.to(device) for d in grown])
-        return RowsDrafted(
-            trees,
-            torch.stack([d.root_log_probs for d in grown]),
-            [d.cached_depth for d in grown],
-            torch.stack([d.greedy_depth for d in grown]).to(device),
-            [d.tree.size for d in grown],
-            [d.tree.depth for d in grown],
-            forwards,
-            fed_tokens,
-            [d.slots for d in grown],
         )
 
 
@@ -251,9 +233,9 @@ def _root_forward(
     return root_logits, pending.gather(1, last[:, None])[:, 0], start + last, rows * fed.shape[1]
 
 
-def draft_adaptive_rows(
+def draft_own_trees(
     draft: RowRunner,
-    plans: Sequence[AdaptiveTreePlan],
+    plans: Sequence[TreePlan],
     pending: torch.Tensor,
     counts: list[int],
     max_depths: list[int],
@@ -262,39 +244,37 @@ def draft_adaptive_rows(
     processings: Sequence[NodeProcessing | None],
     sequences: RowSequences,
 ) -> RowsDrafted:
-    """Grow every row's SAGE (or sage-gt) tree, each of its own depth and width, with one draft forward per level over
-    all rows.
+    """Grow every row's tree by its own plan's level rule (SAGE's, sage-gt's, a fixed tree's, in any mix), each of its
+    own depth and width, with one draft forward per level over all rows.
 
-    Each level is one number of slots for every row: a fixed one, as the masked one-row drafter sizes it for the
-    widest row (on accelerators), or, unmasked (on the CPU, where a read costs nothing and a forward's tokens cost
-    compute), the most children a row keeps, read level by level with whether any sage-gt row's next level pays.
-    Each row keeps the children its own plan selects (`AdaptiveTreePlan.select`, or `CostAwareTreePlan.select` with
-    the rows' shared calibration; its widths, thresholds or node prices held as tensors, every level's copied to the
-    device at once), first by frontier slot then rank, the rest dropped. A level writes only what the next one
-    reads (tokens, path log-probabilities, ancestor rows, which slots are dropped, each slot's candidate index);
-    parents, ranks and depths follow from those once, after the growth. One read of every row's real slots then
-    gathers each row's tree to its own nodes, so every row gets the tree the one-row drafter grows for it (per-row
-    structure, padded; `slots` maps each node to the slot the draft was fed it at). Arguments as `draft_rows`'.
+    Each level is one number of slots for every row: a fixed one, sized for the widest row (masked, on accelerators),
+    or, unmasked (on the CPU, where a read costs nothing and a forward's tokens cost compute), the most children a
+    row keeps, read level by level with whether any row's next level pays. Each row keeps the children its plan's
+    rule selects (`LevelRules.select`, every row's parameters on the device from one copy), first by frontier slot
+    then rank (the order a fixed tree's nodes have), the rest dropped. A level writes only what the next one reads
+    (tokens, path log-probabilities, ancestor rows, which slots are dropped, each slot's candidate index); parents,
+    ranks and depths follow from those once, after the growth. One read of every row's real slots then gathers each
+    row's tree to its own nodes (per-row structure, padded; `slots` maps each node to the slot the draft was fed it
+    at). Arguments as `draft_rows`'.
     """
     device, rows = pending.device, pending.shape[0]
-    valued = isinstance(plans[0], CostAwareTreePlan)
-    masked = plans[0].masked if plans[0].masked is not None else device.type != "cpu"
+    masked = next((plan.masked for plan in plans if plan.masked is not None), device.type != "cpu")
     row_depths = [max(0, min(plan.levels(masked), limit)) for plan, limit in zip(plans, max_depths, strict=True)]
     levels = max(row_depths)
     root_logits, root, root_position, fed_tokens = _root_forward(draft, pending, counts, input_limit)
     plain = uniform_processing(processings)
     capacity = 1 + levels * max(plan.max_nodes for plan in plans)
-    settings = _level_settings(plans, levels, valued, row_depths, device)
-    growth = _Growth.start(root, capacity, settings.reach, min(row_depths))
+    rules = LevelRules.of(plans, row_depths, device)
+    growth = _Growth.start(root, capacity, rules.reach, min(row_depths))
     root_log_probs, root_order = _log_probs(root_logits[:, None], plain, processings, sequences, vocab_limit)
     child_log_probs, child_order = root_log_probs, root_order
-    selection = _Selection.of(plans, settings, valued, masked, device)
+    selection = _Selection.of(plans, rules, masked)
     cached_depth, forwards = 0, 1
     for level in range(1, levels + 1):
         choice = _select_children(selection, growth, level, child_log_probs, child_order)
         if choice.count == 0:  # (masked: every row's node cap is 0, a plain step)
             break
-        new = _write_level(growth, choice, selection)
+        new = _write_level(growth, choice, rules)
         if level == levels or not choice.grows:
             break
         # The new nodes' ancestor rows over slots 0..size are their visibility with its edges (`with_edges`): the
@@ -308,7 +288,7 @@ def draft_adaptive_rows(
             logits, plain, processings, sequences, vocab_limit, tokens, ancestors, level
         )
         cached_depth = level
-    return _adaptive_rows(growth, selection.top_k, root_log_probs, cached_depth, forwards, fed_tokens)
+    return _own_trees(growth, rules.top_k, root_log_probs, cached_depth, forwards, fed_tokens)
 
 
 @dataclass
@@ -350,46 +330,28 @@ class _Growth:
 
 @dataclass
 class _Selection:
-    """What every level's selection of children reads of the rows' plans: the plans and their parameters on the
-    device (`settings`), their shared top-k and each row's node cap (host), whether they are sage-gt's (`valued`;
-    then the calibration's lookup table on the device and its continuation) and grown masked (a fixed number of
-    slots a level), and the ranks 0..top_k-1 as floats (top_k,)."""
+    """What every level's selection of children reads of the rows' plans: the plans, their rules on the device,
+    each row's node cap (host) and whether the levels are grown masked (a fixed number of slots a level)."""
 
-    plans: Sequence[AdaptiveTreePlan]
-    settings: _LevelSettings
-    top_k: int
+    plans: Sequence[TreePlan]
+    rules: LevelRules
     caps: list[int]
-    valued: bool
     masked: bool
-    ranks: torch.Tensor
-    table: tuple[torch.Tensor, torch.Tensor] | None
-    continuation: float | None
 
     @staticmethod
-    def of(
-        plans: Sequence[AdaptiveTreePlan], settings: _LevelSettings, valued: bool, masked: bool, device: torch.device
-    ) -> _Selection:
-        """The `_Selection` of `plans` on `device` (sage-gt's table copied there without a wait)."""
-        table = continuation = None
-        if valued:
-            table = plans[0].calibration.table(device)
-            continuation = plans[0].calibration.continuation
-        ranks = arange(plans[0].top_k, device).float()
-        caps = [plan.max_nodes for plan in plans]
-        return _Selection(plans, settings, plans[0].top_k, caps, valued, masked, ranks, table, continuation)
+    def of(plans: Sequence[TreePlan], rules: LevelRules, masked: bool) -> _Selection:
+        """The `_Selection` of `plans` under `rules`."""
+        return _Selection(plans, rules, [plan.max_nodes for plan in plans], masked)
 
 
 @dataclass
 class _Choice:
-    """A level's selection among its frontier's top-k candidates (B, F, top_k): their tokens, path log-probabilities
-    (`cumulative`), scores (SAGE's: the path log-probabilities; sage-gt's: values) and which each row drops (`drop`,
-    and `flat_drop` (B, F * top_k) the same); the slots the level holds (`count`) and whether the growth goes on
-    below it (`grows`)."""
+    """A level's selection among its frontier's top-k candidates (B, F, top_k): their tokens and the rules' choice
+    (path log-probabilities, scores, values, which each row drops), `flat_drop` (B, F * top_k) the drops flat; the
+    slots the level holds (`count`) and whether the growth goes on below it (`grows`)."""
 
     tokens: torch.Tensor
-    cumulative: torch.Tensor
-    scores: torch.Tensor
-    drop: torch.Tensor
+    level: LevelChoice
     flat_drop: torch.Tensor
     count: int
     grows: bool
@@ -399,98 +361,69 @@ def _select_children(
     selection: _Selection, growth: _Growth, level: int, child_log_probs: torch.Tensor, child_order: torch.Tensor
 ) -> _Choice:
     """`level`'s selection of children: each row keeps the candidates among its frontier's top-k (by the ranking key
-    `child_order`, of log-probabilities `child_log_probs` (B, F, V)) that its plan's width, floor, reach and node cap
-    allow; the level holds a fixed number of slots (masked), or the most children a row keeps (`_kept_count`)."""
-    rows, plans, caps = child_order.shape[0], selection.plans, selection.caps
-    top = child_order.topk(selection.top_k, dim=-1)
+    `child_order`, of log-probabilities `child_log_probs` (B, F, V)) that its rule, its reach and its node cap allow;
+    the level holds a fixed number of slots (masked), or the most children a row keeps (`_kept_count`)."""
+    plans, caps, rules = selection.plans, selection.caps, selection.rules
+    top = child_order.topk(rules.top_k, dim=-1)
     top_log_probs = top.values if child_order is child_log_probs else child_log_probs.gather(-1, top.indices)
-    cumulative, scores, drop = _plan_drops(selection, growth, level, top_log_probs)
     bound = (growth.frontier.stop - growth.frontier.start) * max(plan.max_children(level) for plan in plans)
     count = min(bound, max(caps))
+    left = None
     if growth.size - 1 + (count if selection.masked else bound) > min(caps):
         # A node cap may bind: each row keeps its best children within what it has left.
-        order = scores.masked_fill(drop, -torch.inf).flatten(1).argsort(dim=1, descending=True, stable=True)
-        rank = torch.empty_like(order).scatter_(1, order, arange(order.shape[1], order.device).expand(rows, -1))
-        left = growth.dropped[:, 1 : growth.size].sum(1) + (selection.settings.caps - (growth.size - 1))
-        drop |= (rank >= left[:, None]).view_as(drop)
-    flat_drop = drop.flatten(1)
+        left = growth.dropped[:, 1 : growth.size].sum(1) + (rules.caps - (growth.size - 1))
+    parent_log_probs = growth.log_probs[:, growth.frontier]
+    chosen = rules.select(level, parent_log_probs, growth.parent_values, top_log_probs, left)
+    if level > growth.shallowest:  # some row's budget (or value) ends above this level
+        chosen.drop |= (growth.reach < level)[:, None, None]
+    flat_drop = chosen.drop.flatten(1)
     grows = True
     if not selection.masked:
-        count, grows = _kept_count(selection, growth, level, scores, flat_drop)
-    return _Choice(top.indices, cumulative, scores, drop, flat_drop, count, grows)
-
-
-def _plan_drops(
-    selection: _Selection, growth: _Growth, level: int, top_log_probs: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The frontier's top-k candidates' path log-probabilities and scores, and which of them each row's plan drops
-    by its width, floor and reach (B, F, top_k each), from the candidates' own log-probabilities `top_log_probs`."""
-    settings = selection.settings
-    parent_log_probs = growth.log_probs[:, growth.frontier]
-    # Each row's W_l (W at the first level, W / l below, scaled by 0.5 + P_parent) and its floor (log theta_l for
-    # SAGE, the node price for sage-gt), as its plan computes them on the host.
-    scale, floor = settings.widths[level - 1, :, None], settings.floors[level - 1, :, None, None]
-    width = scale if level == 1 else (parent_log_probs.exp() + 0.5) * scale
-    # The root's path log-probability is 0.
-    cumulative = top_log_probs if level == 1 else parent_log_probs[:, :, None] + top_log_probs
-    if selection.valued:
-        # sage-gt: a child is worth its calibrated acceptance times its parent's.
-        scores = selection.plans[0].calibration.rate(top_log_probs, selection.table)
-        scores = scores if level == 1 else scores * growth.parent_values[:, :, None]
-        drop = (scores <= floor) | (selection.ranks >= width[:, :, None])
-        if level == 1:
-            drop[:, 0, 0] &= settings.stay
-    else:
-        scores = cumulative
-        drop = (selection.ranks >= width[:, :, None]) | (cumulative <= floor)
-    if level > growth.shallowest:  # some row's budget (or value) ends above this level
-        drop |= (growth.reach < level)[:, None, None]
-    return cumulative, scores, drop
+        count, grows = _kept_count(rules, growth, level, chosen, flat_drop)
+    return _Choice(top.indices, chosen, flat_drop, count, grows)
 
 
 def _kept_count(
-    selection: _Selection, growth: _Growth, level: int, scores: torch.Tensor, flat_drop: torch.Tensor
+    rules: LevelRules, growth: _Growth, level: int, chosen: LevelChoice, flat_drop: torch.Tensor
 ) -> tuple[int, bool]:
     """How many slots an unmasked level holds, and whether the growth goes on below it, from which candidates each
-    row drops (`flat_drop`, (B, F * top_k)) and their `scores` (B, F, top_k)."""
-    # As the one-row drafter grows unmasked: the level holds the most children a row keeps, and the growth
-    # stops at the first level no row adds to; a sage-gt row grows below this level while the level's value
-    # pays for a draft forward over it (`CostAwareTreePlan.grows`). One read a level.
+    row drops (`flat_drop`, (B, F * top_k)) and the rules' choice."""
+    # The level holds the most children a row keeps, and the growth stops at the first level no row adds to; a row
+    # with a forward price grows below this level while the level's value pays for a draft forward over it
+    # (`LevelRules.pays`). One read a level.
     per_row = flat_drop.shape[1] - flat_drop.sum(1)
-    if selection.valued:
-        settings = selection.settings
-        gain = scores.flatten(1).masked_fill(flat_drop, 0.0).sum(1) * selection.continuation
-        paying = gain > settings.forward_fixed + settings.forward_per_node * per_row
+    if rules.valued:
+        paying = rules.pays(chosen, per_row)
         growth.reach, growth.shallowest = torch.where(paying, growth.reach, level), level
         count, grows = torch.stack([per_row.max(), paying.any()]).tolist()
         return count, bool(grows)
     return int(per_row.max()), True
 
 
-def _write_level(growth: _Growth, choice: _Choice, selection: _Selection) -> slice:
+def _write_level(growth: _Growth, choice: _Choice, rules: LevelRules) -> slice:
     """The level's gathers: every row's `choice.count` first candidates, its kept ones first (the rest dropped
     slots), written as the growth's next level (tokens, path log-probabilities, dropped flags, candidate indices,
     ancestor rows and sage-gt's values), which becomes the frontier. Returns the level's slots."""
-    flat_drop, top_k, capacity = choice.flat_drop, selection.top_k, growth.ancestors.shape[2]
+    flat_drop, top_k, capacity, chosen = choice.flat_drop, rules.top_k, growth.ancestors.shape[2], choice.level
     # Each row's kept candidates first, by frontier slot then rank.
     order = torch.argsort(flat_drop.to(torch.uint8), dim=1, stable=True)[:, : choice.count]
     new = slice(growth.size, growth.size + choice.count)
     torch.gather(choice.tokens.flatten(1), 1, order, out=growth.tokens[:, new])
-    kept_log_probs = choice.cumulative.masked_fill(choice.drop, -torch.inf).flatten(1)
+    kept_log_probs = chosen.cumulative.masked_fill(chosen.drop, -torch.inf).flatten(1)
     torch.gather(kept_log_probs, 1, order, out=growth.log_probs[:, new])
     torch.gather(flat_drop, 1, order, out=growth.dropped[:, new])
     growth.candidates[:, new] = order
     parent = (order // top_k)[:, :, None].expand(-1, -1, capacity)
     torch.gather(growth.ancestors[:, growth.frontier], 1, parent, out=growth.ancestors[:, new])
     growth.ancestors[:, new, new].diagonal(dim1=1, dim2=2).fill_(True)
-    if selection.valued:
-        growth.parent_values = choice.scores.flatten(1).masked_fill(flat_drop, 0.0).gather(1, order)
+    if chosen.values is not None:
+        growth.parent_values = chosen.values.flatten(1).masked_fill(flat_drop, 0.0).gather(1, order)
     growth.size, growth.frontier = new.stop, new
     growth.level_ends.append(growth.size)
     return new
 
 
-def _adaptive_rows(
+def _own_trees(
     growth: _Growth, top_k: int, root_log_probs: torch.Tensor, cached_depth: int, forwards: int, fed_tokens: int
 ) -> RowsDrafted:
     """The final gather of the trees: every row's real slots of the grown levels, read once, as its own tree
@@ -505,50 +438,6 @@ def _adaptive_rows(
     cached = [cached_depth] * len(real)
     return RowsDrafted(
         trees, root_log_probs[:, 0], cached, greedy_depth, sizes, tree_depths, forwards, fed_tokens, real
-    )
-
-
-@dataclass
-class _LevelSettings:
-    """Every row's plan parameters for every level, on the device from one copy: widths and floors (levels, B), and
-    (B,) each: how many levels the row may grow (`reach`), its node cap, and sage-gt's forward price (fixed and per
-    node) and whether its first child stays (`stay`: not exploring)."""
-
-    widths: torch.Tensor
-    floors: torch.Tensor
-    reach: torch.Tensor
-    caps: torch.Tensor
-    forward_fixed: torch.Tensor | None
-    forward_per_node: torch.Tensor | None
-    stay: torch.Tensor | None
-
-
-def _level_settings(
-    plans: Sequence[AdaptiveTreePlan], levels: int, valued: bool, row_depths: list[int], device: torch.device
-) -> _LevelSettings:
-    """`_LevelSettings` of `plans` over `levels` levels (one host-to-device copy)."""
-    rows = len(plans)
-    widths = [plan.width if level == 1 else plan.width / level for level in range(1, levels + 1) for plan in plans]
-    floors = [
-        plan.node_floor if valued else math.log(plan.threshold(level))
-        for level in range(1, levels + 1)
-        for plan in plans
-    ]
-    values = widths + floors + row_depths + [plan.max_nodes for plan in plans]
-    if valued:
-        values += [plan.forward_floor[0] for plan in plans] + [plan.forward_floor[1] for plan in plans]
-        values += [float(not plan.explore) for plan in plans]
-    held = host_values(values, device, torch.float32)
-    table = held[: 2 * levels * rows].view(2, levels, rows)
-    tail = held[2 * levels * rows :].view(-1, rows)
-    return _LevelSettings(
-        table[0],
-        table[1],
-        tail[0],
-        tail[1],
-        tail[2] if valued else None,
-        tail[3] if valued else None,
-        tail[4] > 0 if valued else None,
     )
 
 
