@@ -99,6 +99,17 @@ def test_rows_of_different_plans_keep_what_each_keeps_alone():
     assert (~together.drop[0]).tolist() == [[True, False, True, False, False, False]]
 
 
+def test_a_fixed_trees_children_stay_under_a_binding_cap_where_the_warpers_cut_them():
+    plans = [
+        RankTreePlan([[0], [1], [2]]),
+        AdaptiveTreePlan(depth=3, width=10.0, max_nodes=2, top_k=3, threshold_scale=0.0001),
+    ]
+    rules = LevelRules.of(plans, [3, 3], torch.device("cpu"))
+    children = torch.tensor([[[-0.1, -math.inf, -math.inf]], [[-0.5, -1.0, -2.0]]])
+    choice = rules.select(1, torch.zeros(2, 1), None, children, left=rules.caps)
+    assert (~choice.drop).tolist() == [[[True, True, True]], [[True, True, False]]]
+
+
 def test_sage_trees_never_exceed_the_node_cap(target, cases):
     from vlmspec import SpeculativeVLM
 

@@ -60,12 +60,12 @@ class LevelChoice:
 
 @dataclass
 class LevelRules:
-    """Every row's `RowRule` as tensors on the device: widths and floors (levels, B), node caps and how many levels
-    the row may grow (`reach`) (B,) each, and where some
-    row is valued its forward price (`price`, (2, B)), continuation (B,), whether its first child is judged by value
-    (`judged`, (B,) bool: not exploring) and which calibration it uses (`calibrations` (B,): an index into the
-    distinct ones, -1 for none); where some row is fixed or of a smaller top-k, which rows judge (`free`, (B,) bool:
-    not fixed). Also the rows' largest top-k, its ranks as floats (k,), and the host's rules."""
+    """Every row's `RowRule` as tensors on the device: widths and floors (levels, B); node caps (inf for a fixed
+    tree, whose mask is its cap) and how many levels the row may grow (`reach`), (B,) each; where some row is valued,
+    its forward price (`price`, (2, B)), continuation (B,), whether its first child is judged by value (`judged`,
+    (B,) bool: not exploring) and which calibration it uses (`calibrations` (B,): an index into the distinct ones, -1
+    for none); where some row is fixed or of a smaller top-k, which rows judge (`free`, (B,) bool: not fixed). Also
+    the rows' largest top-k, its ranks as floats (k,), and the host's rules."""
 
     rules: list[RowRule]
     top_k: int
@@ -91,7 +91,8 @@ class LevelRules:
         distinct = list({id(r.calibration): r.calibration for r in rules if r.calibration is not None}.values())
         values = [rule.widths[level] for level in range(levels) for rule in rules]
         values += [rule.floors[level] for level in range(levels) for rule in rules]
-        values += [rule.max_nodes for rule in rules] + list(reach)
+        # A fixed tree's mask is its cap (a cut by score would drop its children the warpers cut, of score -inf).
+        values += [math.inf if rule.keep is not None else rule.max_nodes for rule in rules] + list(reach)
         if distinct:
             values += [rule.forward_price[0] for rule in rules] + [rule.forward_price[1] for rule in rules]
             values += [0.0 if rule.calibration is None else rule.calibration.continuation for rule in rules]
