@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vlmspec.engine.rows_step import draft_own_trees, draft_rows
+from vlmspec.engine.grow import draft_own_trees, draft_rows
 from vlmspec.engine.tree import rank_tree_shape
 from vlmspec.policies import SPECVLM_TREE, AdaptiveTreePlan, CostAwareTreePlan, RankTreePlan
 from vlmspec.policies.calibration import AcceptanceCalibration

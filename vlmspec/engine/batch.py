@@ -5,9 +5,9 @@ stopping. Prompts that join the batch together are prefilled in one left-padded 
 from its own rows of it), then in one draft forward (each row cut to its own kept tokens). Every step, the rows'
 trees grow level by level through one batched draft forward per level and are verified by one target forward, and
 all rows' results are read at once. When every row drafts the same tree of rank paths, the whole step runs as `(B, N)`
-tensors (`rows_step`), its operations independent of the rows; trees that differ per row are padded to a common size
-and accepted row by row. A finished row leaves the batch at once and, while inputs remain, the next one is admitted
-in its place (continuous batching).
+tensors (`grow`, `rows_step`), its operations independent of the rows; trees that differ per row grow together, each
+by its plan's level rule, and are padded to a common size. A finished row leaves the batch at once and, while inputs
+remain, the next one is admitted in its place (continuous batching).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from .choice import NodeProcessing, TargetSampler
 from .commit import plan_commit
 from .device_tensors import host_values
 from .draft import Drafted
+from .grow import draft_own_trees, draft_rows
 from .kv_cache import RowCache
 from .prefill import Prefilled, Prefiller
 from .report import StepReport
@@ -39,8 +40,6 @@ from .rows_step import (
     RowsVerdict,
     accept_all,
     common_processing,
-    draft_own_trees,
-    draft_rows,
     plain_rows,
     uniform_processing,
 )
