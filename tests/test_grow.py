@@ -42,8 +42,8 @@ def _tree(grown, b: int) -> tuple[list[int], list[int], list[float]]:
     return tree.tokens.tolist(), tree.parents.tolist(), tree.log_probs.tolist()
 
 
-def _sage(width: float = 4.0) -> AdaptiveTreePlan:
-    return AdaptiveTreePlan(depth=4, width=width, max_nodes=20, top_k=6, threshold_scale=0.05, masked=False)
+def _sage(width: float = 4.0, masked: bool = False) -> AdaptiveTreePlan:
+    return AdaptiveTreePlan(depth=4, width=width, max_nodes=20, top_k=6, threshold_scale=0.05, masked=masked)
 
 
 def _sage_gt(explore: bool = False) -> CostAwareTreePlan:
@@ -57,8 +57,15 @@ def _sage_gt(explore: bool = False) -> CostAwareTreePlan:
         [_sage(), RankTreePlan([[0], [1], [0, 0]]), RankTreePlan(SPECVLM_TREE)],
         [_sage_gt(), RankTreePlan(SPECVLM_TREE[:3]), _sage_gt(explore=True)],
         [_sage_gt(), _sage(), RankTreePlan([[0], [0, 0], [0, 0, 0]])],
+        [RankTreePlan(SPECVLM_TREE), _sage(masked=True), _sage(2.0, masked=True)],
     ],
-    ids=["rank-tree-beside-sage", "rank-trees-of-other-shapes", "sage-gt-beside-a-capped-rank-tree", "all-three"],
+    ids=[
+        "rank-tree-beside-sage",
+        "rank-trees-of-other-shapes",
+        "sage-gt-beside-a-capped-rank-tree",
+        "all-three",
+        "masked-levels",
+    ],
 )
 def test_a_batch_mixing_plans_gives_each_row_the_tree_it_grows_alone(plans):
     roots = [1, 4, 7]

@@ -42,7 +42,7 @@ class RowsDrafted:
     slots: Sequence[list[int] | None] | None = None
 
     def row(self, b: int) -> Drafted:
-        """Row `b`'s tree cut to its valid nodes, as the one-row drafter would have grown it (views)."""
+        """Row `b`'s tree cut to its valid nodes (views)."""
         tree = self.trees.row(b, self.sizes[b], self.depths[b])
         slots = None if self.slots is None else self.slots[b]
         return Drafted(
