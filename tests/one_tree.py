@@ -28,3 +28,23 @@ def deepest(tree: DraftTree, accepted: torch.Tensor) -> tuple[torch.Tensor, torc
 def emitted_tokens(tree: DraftTree, verdict: Verdict) -> torch.Tensor:
     """`emitted_rows` of one tree: (depth + 1,)."""
     return emitted_rows(tree.rows(), verdict.as_rows())[0]
+
+
+def made_tree(root: int, parents: list[int], tokens: list[int], log_probs: list[float] | None = None) -> DraftTree:
+    """A tree of root token `root` and, for each further node in order (level by level, each after its parent), its
+    parent (a node index), its token and its path log-probability (default 0)."""
+    every_parent = [-1, *parents]
+    depths = [0] * len(every_parent)
+    ancestors = torch.eye(len(every_parent), dtype=torch.bool)
+    for node in range(1, len(every_parent)):
+        depths[node] = depths[every_parent[node]] + 1
+        ancestors[node] |= ancestors[every_parent[node]]
+    path_log_probs = [0.0, *(log_probs if log_probs is not None else [0.0] * len(parents))]
+    return DraftTree(
+        tokens=torch.tensor([root, *tokens]),
+        parents=torch.tensor(every_parent),
+        depths=torch.tensor(depths),
+        log_probs=torch.tensor(path_log_probs),
+        ancestors=ancestors,
+        depth=max(depths),
+    )

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import torch
+from one_tree import made_tree
 
-from vlmspec.engine.tree import TreeBuilder
 from vlmspec.policies import StepOutcome
 
 
@@ -20,13 +20,8 @@ def chain_step(
     """A chain of `len(probs)` draft tokens (conditional draft probabilities `probs`, default one 0.9 per accepted
     token plus one) of which the first `accepted` were accepted."""
     probs = probs if probs is not None else [0.9] * (accepted + 1)
-    builder = TreeBuilder(len(probs), torch.device("cpu"))
-    builder.start(torch.tensor(0))
-    log_prob = 0.0
-    for depth, p in enumerate(probs):
-        log_prob += float(torch.tensor(p).log())
-        builder.add_level(torch.tensor([depth]), torch.tensor([depth + 1]), torch.tensor([log_prob]), torch.tensor([0]))
-    tree = builder.build()
+    path_log_probs = torch.tensor(probs).log().cumsum(0).tolist()
+    tree = made_tree(0, list(range(len(probs))), list(range(1, len(probs) + 1)), path_log_probs)
     return StepOutcome(
         root_log_probs=root_log_probs,
         accepted=accepted,

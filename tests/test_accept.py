@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from one_tree import accept_sampled
+from one_tree import accept_sampled, made_tree
 
 from vlmspec.engine.accept import Verdict, accept_sampled_rows, draw
-from vlmspec.engine.tree import DraftTree, TreeBuilder, TreeRows, rank_tree_shape
+from vlmspec.engine.tree import DraftTree, TreeRows, rank_tree_shape
 from vlmspec.testing.distribution import g_test
 
 VOCAB = 5
@@ -21,12 +21,8 @@ ALPHA = 1e-3
 def tree_of(root: int, levels: list[tuple[list[int], list[int]]]) -> DraftTree:
     """A tree from its root token and, per level, each new node's parent (a node index) and token; children of a
     node are in the order given (the draft's rank order)."""
-    builder = TreeBuilder(16, torch.device("cpu"))
-    builder.start(torch.tensor(root))
-    for parents, tokens in levels:
-        ranks = [parents[:i].count(p) for i, p in enumerate(parents)]
-        builder.add_level(torch.tensor(parents), torch.tensor(tokens), torch.zeros(len(tokens)), torch.tensor(ranks))
-    return builder.build()
+    parents = [parent for level_parents, _ in levels for parent in level_parents]
+    return made_tree(root, parents, [token for _, level_tokens in levels for token in level_tokens])
 
 
 def exact_emissions(tree: DraftTree, probs: torch.Tensor) -> dict[tuple[int, ...], float]:

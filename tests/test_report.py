@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import torch
-from one_tree import accept_greedy, emitted_tokens
+from one_tree import accept_greedy, emitted_tokens, made_tree
 
 from vlmspec.engine.report import pack_rows, read_rows
-from vlmspec.engine.tree import TreeBuilder
 from vlmspec.eval.profile import LaunchCounter
 
 EOS = torch.tensor([99])
@@ -14,11 +13,7 @@ EOS = torch.tensor([99])
 
 def chain_tree(tokens: list[int]):
     """root(10) followed by a chain of `tokens`."""
-    builder = TreeBuilder(len(tokens), torch.device("cpu"))
-    builder.start(torch.tensor(10))
-    for depth, token in enumerate(tokens):
-        builder.add_level(torch.tensor([depth]), torch.tensor([token]), torch.tensor([-0.1]), torch.tensor([0]))
-    return builder.build()
+    return made_tree(10, list(range(len(tokens))), tokens, [-0.1] * len(tokens))
 
 
 def read(tree, verdict, tokens, eos, room, greedy_depth, statistics=None, with_tree=False):

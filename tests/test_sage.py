@@ -9,7 +9,7 @@ import torch
 from policy_steps import chain_step
 
 from vlmspec import SageConfig, SagePolicy
-from vlmspec.policies import AdaptiveTreePlan, RankTreePlan
+from vlmspec.policies import AdaptiveTreePlan, LevelRules, RankTreePlan
 from vlmspec.policies.sage import confidence
 
 
@@ -42,12 +42,22 @@ def test_first_step_uses_the_static_tree_then_adapts():
     assert (plan.depth, plan.width) == (8, pytest.approx(2.0))
 
 
+def _kept(plan, level, parents, children, left=None) -> list[list[bool]]:
+    """Which children the plan's level rule keeps at `level` for one row: frontier log-probabilities `parents` (F,),
+    the children's top-k log-probabilities `children` (F, k); `left` nodes left under the cap (None: unbound)."""
+    rules = LevelRules.of([plan], [plan.depth], torch.device("cpu"))
+    budget = None if left is None else torch.tensor([left])
+    choice = rules.select(level, parents[None], None, children[None], budget)
+    return (~choice.drop[0]).tolist()
+
+
 def test_width_decays_with_depth_and_grows_with_parent_probability():
-    plan = AdaptiveTreePlan(depth=5, width=8.0, max_nodes=64, top_k=10, threshold_scale=0.1)
-    assert plan.level_width(1, torch.log(torch.tensor([0.3]))).item() == pytest.approx(8.0)
-    widths = plan.level_width(2, torch.log(torch.tensor([0.5, 0.1])))
-    assert widths.tolist() == pytest.approx([8 / 2 * 1.0, 8 / 2 * 0.6])
-    assert plan.level_width(4, torch.log(torch.tensor([0.5]))).item() == pytest.approx(8 / 4 * 1.0)
+    plan = AdaptiveTreePlan(depth=5, width=8.0, max_nodes=64, top_k=10, threshold_scale=1e-9)
+    children = torch.full((1, 10), math.log(0.1))
+    assert sum(_kept(plan, 1, torch.log(torch.tensor([0.3])), children)[0]) == 8
+    widths = [sum(row) for row in _kept(plan, 2, torch.log(torch.tensor([0.5, 0.1])), children.expand(2, -1))]
+    assert widths == [4, 3]  # ranks below 8 / 2 * 1.0 and 8 / 2 * 0.6
+    assert sum(_kept(plan, 4, torch.log(torch.tensor([0.5])), children)[0]) == 2  # below 8 / 4 * 1.0
 
 
 def test_children_below_the_depth_threshold_are_not_expanded():
@@ -55,23 +65,49 @@ def test_children_below_the_depth_threshold_are_not_expanded():
     assert plan.threshold(2) == pytest.approx(0.05)
     parent = torch.log(torch.tensor([0.5]))
     children = torch.log(torch.tensor([[0.5, 0.2, 0.09, 0.05]]))
-    keep = plan.select(2, parent, children, budget=64)
-    assert keep.tolist() == [[True, True, False, False]]
+    assert _kept(plan, 2, parent, children) == [[True, True, False, False]]
 
 
 def test_rank_must_be_below_the_local_width():
     plan = AdaptiveTreePlan(depth=3, width=2.0, max_nodes=64, top_k=4, threshold_scale=0.0001)
-    keep = plan.select(1, torch.zeros(1), torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.1]])), budget=64)
-    assert keep.tolist() == [[True, True, False, False]]
+    children = torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.1]]))
+    assert _kept(plan, 1, torch.zeros(1), children) == [[True, True, False, False]]
 
 
 def test_node_cap_keeps_the_most_probable_children():
     plan = AdaptiveTreePlan(depth=3, width=10.0, max_nodes=64, top_k=4, threshold_scale=0.0001)
     parents = torch.log(torch.tensor([0.6, 0.3]))
     children = torch.log(torch.tensor([[0.5, 0.3, 0.1, 0.1], [0.9, 0.05, 0.03, 0.02]]))
-    keep = plan.select(2, parents, children, budget=3)
-    assert int(keep.sum()) == 3
-    assert keep.tolist() == [[True, True, False, False], [True, False, False, False]]
+    keep = _kept(plan, 2, parents, children, left=3)
+    assert keep == [[True, True, False, False], [True, False, False, False]]
+
+
+def test_rows_of_different_plans_keep_what_each_keeps_alone():
+    """One level over a batch mixing a fixed tree, SAGE's rule and another top-k: each row's drops are its own."""
+    cpu = torch.device("cpu")
+    plans = [
+        RankTreePlan([[0], [2], [0, 1]]),
+        AdaptiveTreePlan(depth=3, width=2.0, max_nodes=64, top_k=4, threshold_scale=0.0001),
+        AdaptiveTreePlan(depth=3, width=10.0, max_nodes=64, top_k=6, threshold_scale=0.0001),
+    ]
+    children = torch.log(torch.tensor([[0.3, 0.2, 0.15, 0.1, 0.1, 0.05]]))
+    together = LevelRules.of(plans, [3, 3, 3], cpu).select(1, torch.zeros(3, 1), None, children.expand(3, 1, -1))
+    for b, plan in enumerate(plans):
+        alone = LevelRules.of([plan], [3], cpu).select(1, torch.zeros(1, 1), None, children[None, :, : plan.top_k])
+        assert (~together.drop[b, :, : plan.top_k]).tolist() == (~alone.drop[0]).tolist()
+        assert not (~together.drop[b, :, plan.top_k :]).any()
+    assert (~together.drop[0]).tolist() == [[True, False, True, False, False, False]]
+
+
+def test_a_fixed_trees_children_stay_under_a_binding_cap_where_the_warpers_cut_them():
+    plans = [
+        RankTreePlan([[0], [1], [2]]),
+        AdaptiveTreePlan(depth=3, width=10.0, max_nodes=2, top_k=3, threshold_scale=0.0001),
+    ]
+    rules = LevelRules.of(plans, [3, 3], torch.device("cpu"))
+    children = torch.tensor([[[-0.1, -math.inf, -math.inf]], [[-0.5, -1.0, -2.0]]])
+    choice = rules.select(1, torch.zeros(2, 1), None, children, left=rules.caps)
+    assert (~choice.drop).tolist() == [[[True, True, True]], [[True, True, False]]]
 
 
 def test_sage_trees_never_exceed_the_node_cap(target, cases):

@@ -7,7 +7,7 @@ import pytest
 import torch
 from policy_steps import chain_step
 
-from vlmspec.policies import BatchShape, CostAwareTreePlan, SageGtConfig, SageGtPolicy
+from vlmspec.policies import BatchShape, CostAwareTreePlan, LevelRules, RankTreePlan, SageGtConfig, SageGtPolicy
 from vlmspec.policies.calibration import AcceptanceCalibration
 from vlmspec.policies.cost_model import CostModel, StepCost, WindowedLeastSquares
 
@@ -91,22 +91,32 @@ def _plan(
     )
 
 
+def _level(plan: CostAwareTreePlan, level: int, parents, children, parent_values=None):
+    """The plan's level rule for one row at `level`: frontier log-probabilities `parents` (F,), the children's top-k
+    log-probabilities `children` (F, k), the frontier's values (F,; None at the first level)."""
+    rules = LevelRules.of([plan], [plan.depth], torch.device("cpu"))
+    values = None if parent_values is None else parent_values[None]
+    return rules, rules.select(level, parents[None], values, children[None])
+
+
+def _kept_pairs(choice) -> list[tuple[int, int]]:
+    return [tuple(pair) for pair in (~choice.drop[0]).nonzero().tolist()]
+
+
 def test_a_plan_keeps_the_children_worth_their_cost_within_sages_widths():
     plan = _plan(node_floor=0.2)
     probs = torch.tensor([[0.6, 0.3, 0.05, 0.05]])
-    rows, ranks = plan.children(1, torch.zeros(1), probs.log(), budget=64)
-    assert ranks.tolist() == [0, 1]
+    _, first = _level(plan, 1, torch.zeros(1), probs.log())
+    assert _kept_pairs(first) == [(0, 0), (0, 1)]
     probs = torch.tensor([[0.5, 0.45, 0.03, 0.02], [0.9, 0.1, 0.0, 0.0]])
-    rows, ranks = plan.children(2, torch.tensor([0.6, 0.3]).log(), probs.log(), budget=64)
-    assert list(zip(rows.tolist(), ranks.tolist(), strict=True)) == [(0, 0), (0, 1), (1, 0)]
+    _, second = _level(plan, 2, torch.tensor([0.6, 0.3]).log(), probs.log(), first.values[0, 0, :2])
+    assert _kept_pairs(second) == [(0, 0), (0, 1), (1, 0)]
 
 
 def test_a_plan_keeps_only_the_root_when_no_child_is_worth_its_cost():
     probs = torch.tensor([[0.4, 0.3, 0.2, 0.1]]).log()
-    rows, _ = _plan(node_floor=0.9).children(1, torch.zeros(1), probs, 64)
-    assert rows.numel() == 0
-    rows, ranks = _plan(node_floor=0.9, explore=True).children(1, torch.zeros(1), probs, 64)
-    assert (rows.tolist(), ranks.tolist()) == ([0], [0])
+    assert _kept_pairs(_level(_plan(node_floor=0.9), 1, torch.zeros(1), probs)[1]) == []
+    assert _kept_pairs(_level(_plan(node_floor=0.9, explore=True), 1, torch.zeros(1), probs)[1]) == [(0, 0)]
 
 
 def test_the_policy_explores_the_drafts_first_guess_every_few_steps():
@@ -121,12 +131,18 @@ def test_the_policy_explores_the_drafts_first_guess_every_few_steps():
 
 def test_a_plan_drafts_another_level_only_when_it_pays_for_the_forward():
     probs = torch.tensor([[0.9, 0.05, 0.03, 0.02]]).log()
-    cheap = _plan(node_floor=0.1, forward_floor=(0.3, 0.01))
-    cheap.children(1, torch.zeros(1), probs, 64)
-    assert cheap.grows(1)
-    dear = _plan(node_floor=0.1, forward_floor=(0.5, 0.01))
-    dear.children(1, torch.zeros(1), probs, 64)
-    assert not dear.grows(1)
+    for price, pays in ((0.3, True), (0.5, False)):
+        rules, choice = _level(_plan(node_floor=0.1, forward_floor=(price, 0.01)), 1, torch.zeros(1), probs)
+        kept = (~choice.drop).flatten(1).sum(1)
+        assert rules.pays(choice, kept).tolist() == [pays]
+
+
+def test_rows_without_a_forward_price_always_pay():
+    probs = torch.tensor([[[0.9, 0.05, 0.03, 0.02]]] * 2).log()
+    plans = [_plan(node_floor=0.1, forward_floor=(0.5, 0.01)), RankTreePlan([[0], [0, 0]])]
+    rules = LevelRules.of(plans, [2, 2], torch.device("cpu"))
+    choice = rules.select(1, torch.zeros(2, 1), None, probs)
+    assert rules.pays(choice, (~choice.drop).flatten(1).sum(1)).tolist() == [False, True]
 
 
 def test_a_masked_plan_grows_the_levels_it_was_given_and_an_unmasked_one_its_bound():
@@ -136,14 +152,14 @@ def test_a_masked_plan_grows_the_levels_it_was_given_and_an_unmasked_one_its_bou
     assert (plan.levels(masked=True), plan.levels(masked=False)) == (3, 16)
 
 
-def test_a_masked_plan_carries_each_slots_value_so_masked_parents_have_worthless_children():
+def test_a_dropped_parents_children_are_worthless():
     plan = _plan(node_floor=0.2)
-    probs = torch.tensor([[0.6, 0.3, 0.05, 0.05]]).log()
-    rows, ranks, valid = plan.slots(1, torch.zeros(1), probs, None, count=4)
-    assert valid.tolist() == [True, True, False, False]
+    _, first = _level(plan, 1, torch.zeros(1), torch.tensor([[0.6, 0.3, 0.05, 0.05]]).log())
+    assert (~first.drop[0, 0]).tolist() == [True, True, False, False]
+    parent_values = first.values[0, 0].masked_fill(first.drop[0, 0], 0.0)
     child = torch.tensor([[0.9, 0.1, 0.0, 0.0]] * 4).log()
-    _, _, valid = plan.slots(2, torch.zeros(4), child, None, count=4)
-    assert valid.tolist() == [True, True, False, False]
+    _, second = _level(plan, 2, torch.zeros(4), child, parent_values)
+    assert _kept_pairs(second) == [(0, 0), (1, 0)]
 
 
 def test_the_policy_sizes_masked_levels_by_how_deep_the_last_trees_levels_paid():

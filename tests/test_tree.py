@@ -3,21 +3,16 @@
 from __future__ import annotations
 
 import torch
-from one_tree import accept_greedy
+from one_tree import accept_greedy, made_tree
 
 from vlmspec.engine.prompt_cache import SlabCache
-from vlmspec.engine.tree import DraftTree, TreeBuilder, rank_tree_shape, with_edges
+from vlmspec.engine.tree import rank_tree_shape, with_edges
 from vlmspec.policies import SPECVLM_TREE, RankTreePlan, resolve_policy
 
 
 def small_tree():
     """root(10) -> a(11), b(12); a -> c(13); c -> d(14)."""
-    builder = TreeBuilder(8, torch.device("cpu"))
-    builder.start(torch.tensor(10))
-    builder.add_level(torch.tensor([0, 0]), torch.tensor([11, 12]), torch.tensor([-0.1, -2.0]), torch.tensor([0, 1]))
-    builder.add_level(torch.tensor([1]), torch.tensor([13]), torch.tensor([-0.3]), torch.tensor([0]))
-    builder.add_level(torch.tensor([3]), torch.tensor([14]), torch.tensor([-0.4]), torch.tensor([0]))
-    return builder.build()
+    return made_tree(10, [0, 0, 1, 3], [11, 12, 13, 14], [-0.1, -2.0, -0.3, -0.4])
 
 
 def test_tree_records_parents_depths_and_ancestors():
@@ -77,7 +72,7 @@ def test_static_plan_reproduces_the_specvlm_tree():
     ends = rank_tree_shape(plan.paths, torch.device("cpu")).level_ends
     level_sizes = [end - start for start, end in zip(ends[:-1], ends[1:], strict=True)]
     assert level_sizes == [4, 8, 8, 3, 2]
-    assert plan.select(1, torch.zeros(1), torch.zeros(1, 4), 25).tolist() == [[True, True, True, True]]
+    assert plan.rule(plan.depth).keep[0].tolist() == [[True, True, True, True]]
 
 
 def filled_cache(layers: int = 2, length: int = 10, devices=None) -> SlabCache:
@@ -124,67 +119,9 @@ def test_causal_mask_for_pending_tokens_sees_cache_and_earlier_tokens():
     ]
 
 
-def padded_tree_builder() -> TreeBuilder:
-    """root(10) -> a(11), padding(0); a -> c(13), padding(0): two padded levels of two slots each."""
-    builder = TreeBuilder(8, torch.device("cpu"))
-    builder.start(torch.tensor(10))
-    valid = torch.tensor([True, False])
-    builder.add_level(
-        torch.tensor([0, 0]), torch.tensor([11, 0]), torch.tensor([-0.1, -5.0]), torch.tensor([0, 1]), valid
-    )
-    builder.add_level(
-        torch.tensor([1, 1]), torch.tensor([13, 0]), torch.tensor([-0.3, -6.0]), torch.tensor([0, 1]), valid
-    )
-    return builder
-
-
-def test_a_padded_tree_drops_its_padding_slots_when_finished():
-    tree, greedy_depth, slots = padded_tree_builder().finish()
-    assert tree.tokens.tolist() == [10, 11, 13] and tree.parents.tolist() == [-1, 0, 1]
-    assert slots == [0, 1, 3] and int(greedy_depth) == 2 and tree.depth == 2
-
-
-def test_a_padded_tree_finished_from_the_hosts_copy_of_its_slots_is_the_same_tree():
-    read_tree, read_depth, read_slots = padded_tree_builder().finish()
-    tree, depth, slots = padded_tree_builder().finish([True, True, False, True, False])
-    assert torch.equal(tree.tokens, read_tree.tokens) and torch.equal(tree.parents, read_tree.parents)
-    assert torch.equal(tree.ancestors, read_tree.ancestors) and tree.depth == read_tree.depth
-    assert torch.equal(depth, read_depth) and slots == read_slots
-
-
-def grow(builder: TreeBuilder, levels: list[tuple[torch.Tensor, torch.Tensor]], root: int = 10) -> DraftTree:
-    """Grow `levels` of (frontier rows, ranks), passing them as the levels' structure, as the drafter does."""
-    builder.start(torch.tensor(root))
-    frontier_start = 0
-    for rows, ranks in levels:
-        tokens = torch.arange(rows.shape[0]) + 100 * builder.levels + root
-        new = builder.add_level(
-            rows + frontier_start, tokens, -torch.rand(rows.shape[0]), ranks, structure=(rows, ranks)
-        )
-        frontier_start = new.start
-    return builder.build()
-
-
-def test_a_reused_builder_grows_each_tree_as_a_fresh_one_would():
-    """Levels whose structure objects repeat keep their shape; a changed level rewrites itself and all below it."""
-    first = (torch.tensor([0, 0]), torch.tensor([0, 1]))
-    child_a = (torch.tensor([0]), torch.tensor([0]))  # below node 1
-    child_b = (torch.tensor([1]), torch.tensor([0]))  # below node 2
-    last = (torch.tensor([0]), torch.tensor([0]))
-    builder = TreeBuilder(8, torch.device("cpu"))
-    for levels in ([first, child_a, last], [first, child_b, last], [first, child_a, last], [first, child_a]):
-        tree = grow(builder, levels)
-        fresh = grow(TreeBuilder(8, torch.device("cpu")), levels)
-        for field in ("tokens", "parents", "depths", "ancestors"):
-            assert torch.equal(getattr(tree, field), getattr(fresh, field)), field
-    assert grow(builder, [first, child_b, last]).ancestors[4].tolist() == [True, False, True, True, True]
-
-
 def test_a_batchs_rows_share_their_policys_fixed_plan():
-    """Each row gets its own copy of the policy; a fixed plan never changes, so the copies share it (and no row
-    copies the plan's device tensors)."""
+    """Each row gets its own copy of the policy; a fixed plan never changes, so the copies share it."""
     policy = resolve_policy("static-tree")
-    policy.plan().select(1, torch.zeros(1), torch.zeros(1, 4), 25)
     rows = [policy.for_row() for _ in range(3)]
     assert all(row is not policy and row.plan() is policy.plan() for row in rows)
 

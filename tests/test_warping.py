@@ -4,13 +4,13 @@ that sends a step back to the full rows when ties could make the compact rows di
 from __future__ import annotations
 
 import torch
+from one_tree import made_tree
 from transformers import LogitsProcessorList
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from vlmspec.engine.choice import NodeProcessing, TargetSampler
 from vlmspec.engine.draft import Drafted
 from vlmspec.engine.rows_step import RowsDrafted, accept_all
-from vlmspec.engine.tree import TreeBuilder
 from vlmspec.eval.profile import LaunchCounter
 
 SEQUENCE = torch.zeros(1, 3, dtype=torch.long)
@@ -61,10 +61,7 @@ def test_equal_scores_on_one_side_of_the_cut_leave_no_doubt():
 
 def accept_counting_reads(logits: torch.Tensor):
     """Accept a two-child tree under a top-k/top-p sampler from the target's `logits` (3, 40), counting host reads."""
-    builder = TreeBuilder(2, torch.device("cpu"))
-    builder.start(torch.tensor(1))
-    builder.add_level(torch.tensor([0, 0]), torch.tensor([2, 3]), torch.tensor([-0.1, -2.0]), torch.tensor([0, 1]))
-    tree = builder.build()
+    tree = made_tree(1, [0, 0], [2, 3], [-0.1, -2.0])
     drafted = Drafted(tree, torch.zeros(40), 1, torch.tensor(1), 1, 1)
     sampler = TargetSampler(NodeProcessing(WARPERS), do_sample=True, generator=torch.Generator().manual_seed(0))
     counter = LaunchCounter(torch.nn.Identity())

@@ -5,9 +5,9 @@ stopping. Prompts that join the batch together are prefilled in one left-padded 
 from its own rows of it), then in one draft forward (each row cut to its own kept tokens). Every step, the rows'
 trees grow level by level through one batched draft forward per level and are verified by one target forward, and
 all rows' results are read at once. When every row drafts the same tree of rank paths, the whole step runs as `(B, N)`
-tensors (`rows_step`), its operations independent of the rows; trees that differ per row are padded to a common size
-and accepted row by row. A finished row leaves the batch at once and, while inputs remain, the next one is admitted
-in its place (continuous batching).
+tensors (`grow`, `rows_step`), its operations independent of the rows; trees that differ per row grow together, each
+by its plan's level rule, and are padded to a common size. A finished row leaves the batch at once and, while inputs
+remain, the next one is admitted in its place (continuous batching).
 """
 
 from __future__ import annotations
@@ -23,32 +23,23 @@ import torch
 
 from ..adapters import VisualLayout
 from ..errors import RequestCancelled
-from ..policies import (
-    AdaptiveTreePlan,
-    BatchShape,
-    CostAwareTreePlan,
-    RankTreePlan,
-    StepOutcome,
-    TreePlan,
-    TreePolicy,
-)
+from ..policies import BatchShape, StepOutcome, TreePlan, TreePolicy
 from ..pruning import VerifierScores, scoring
 from .choice import NodeProcessing, TargetSampler
 from .commit import plan_commit
 from .device_tensors import host_values
-from .draft import Drafted, Drafter, SlotsRead
+from .draft import Drafted
+from .grow import draft_own_trees, draft_rows
 from .kv_cache import RowCache
 from .prefill import Prefilled, Prefiller
 from .report import StepReport
-from .row_runner import RowForward, RowRunner
+from .row_runner import RowRunner
 from .rows_step import (
     RowsDrafted,
     RowSequences,
     RowsVerdict,
     accept_all,
     common_processing,
-    draft_adaptive_rows,
-    draft_rows,
     plain_rows,
     uniform_processing,
 )
@@ -135,15 +126,14 @@ class Proposal:
 
 
 class _Row:
-    """A sequence in flight: its request, emitted tokens, policy state, drafter and the tokens the draft has not
-    seen yet: `pending` on the device, then `missed` on the host (emitted by plain steps, fed when it next drafts)."""
+    """A sequence in flight: its request, emitted tokens, policy state and the tokens the draft has not seen yet:
+    `pending` on the device, then `missed` on the host (emitted by plain steps, fed when it next drafts)."""
 
-    def __init__(self, request: RowRequest, policy: TreePolicy, drafter: Drafter, streaming: bool = True):
+    def __init__(self, request: RowRequest, policy: TreePolicy, streaming: bool = True):
         self.request = request
         self.settings = request.settings
         self.sink = TokenSink(request.prompt, request.settings, request.streamer if streaming else None)
         self.policy = policy
-        self.drafter = drafter
         self.stats = SpecStats()
         self.started = time.perf_counter()
         self.pending: torch.Tensor | None = None
@@ -347,8 +337,7 @@ class BatchDecoder:
         admitted, going_on = [], []
         for b, request in enumerate(requests):
             # Streamers follow the rows once the group is in (a failed group is admitted again one by one).
-            drafter = Drafter(draft, self.vocab_limit, self.draft_input_limit)
-            row = _Row(request, self.policy.for_row(), drafter, streaming=False)
+            row = _Row(request, self.policy.for_row(), streaming=False)
             scored = 0.0 if scorers[b] is None else scorers[b].seconds
             row.stats.phase_seconds["target_prefill"] += seconds - scored
             row.stats.phase_seconds["pruning"] += scored
@@ -412,7 +401,7 @@ class BatchDecoder:
         that ends it, take its caches into the batch. Requests sharing their inputs (several draws of one prompt, one
         after another) share one prefill."""
         single, settings = self.prefiller, request.settings
-        row = _Row(request, self.policy.for_row(), Drafter(draft, self.vocab_limit, self.draft_input_limit))
+        row = _Row(request, self.policy.for_row())
         if row.sink.finished:
             return row
         timer = PhaseTimer(row.stats, single.target.device)
@@ -498,8 +487,8 @@ class BatchDecoder:
         timer: PhaseTimer,
     ) -> Proposal:
         """Every row's proposal for the step: its root alone when no row drafts (`plain` says why, per row); one tree
-        of rank paths grown for all rows at once when every row drafts it under one rule; else each row's own tree
-        (grown together when they are all SAGE's or all sage-gt's)."""
+        of rank paths grown for all rows at once when every row drafts it under one rule; else each row's own tree,
+        grown together by each row's plan's level rule."""
         if None not in plain:
             return self._propose_roots(rows, target, timer)
         for row in rows:
@@ -513,7 +502,7 @@ class BatchDecoder:
             plans = [rows[0].policy.plan()]
         else:
             plans = self.policy.plan_batch([row.policy for row in rows], timed=True not in sampling)
-        if _same_rank_tree(plans) and len(sampling) == 1:
+        if _shared_paths(plans) and len(sampling) == 1:
             return self._propose_rank_tree(rows, plans[0], depths, target, draft, timer)
         return self._propose_own_trees(rows, plans, depths, target, draft, timer)
 
@@ -533,7 +522,7 @@ class BatchDecoder:
     def _propose_rank_tree(
         self,
         rows: list[_Row],
-        plan: RankTreePlan,
+        plan: TreePlan,
         depths: list[int],
         target: RowRunner,
         draft: RowRunner,
@@ -578,25 +567,16 @@ class BatchDecoder:
         draft: RowRunner,
         timer: PhaseTimer,
     ) -> Proposal:
-        """Every row drafts a tree of its own structure: grown together when they are all SAGE's or all sage-gt's
-        (`draft_adaptive_rows`), else row by row; padded to the largest, each row's real nodes counted."""
-        adaptive = _adaptive(plans)
+        """Every row drafts a tree of its own structure, all grown together by each row's plan's level rule
+        (`draft_own_trees`), padded to the largest, each row's real nodes counted."""
         samplers = [row.settings.sampler for row in rows]
-        if adaptive:
-            processings = [row.settings.draft_processing for row in rows]
-            sequences, draft_sequences, kept = self._row_sequences(rows, processings, samplers, target.device)
-        else:
-            self._tokens.forget()
-            sequences, kept = [row.sink.sequence for row in rows], Kept.SINKS
+        processings = [row.settings.draft_processing for row in rows]
+        sequences, draft_sequences, kept = self._row_sequences(rows, processings, samplers, target.device)
         draft_starts, target_starts = list(draft.lengths), list(target.lengths)
         fed = [row.pending.shape[0] for row in rows]
         with timer("drafting"):
-            if adaptive:
-                stacked = self._draft_adaptive(rows, plans, depths, draft, processings, draft_sequences)
-                grown = [stacked.row(b) for b in range(len(rows))]
-            else:
-                grown, draft_forwards, draft_tokens = self._draft(rows, plans, depths, draft)
-                stacked = RowsDrafted.stacked(grown, target.device, draft_forwards, draft_tokens)
+            stacked = self._draft_own(rows, plans, depths, draft, processings, draft_sequences)
+            grown = [stacked.row(b) for b in range(len(rows))]
         trees = stacked.trees.to(target.device)
         visible = with_edges(trees.ancestors)
         return Proposal(
@@ -760,19 +740,19 @@ class BatchDecoder:
             self._eos = held = (ids, matrix)
         return held[1]
 
-    def _draft_adaptive(
+    def _draft_own(
         self,
         rows: list[_Row],
-        plans: list[AdaptiveTreePlan],
+        plans: list[TreePlan],
         depths: list[int],
         draft: RowRunner,
         processings: list[NodeProcessing | None],
         sequences: RowSequences,
     ) -> RowsDrafted:
-        """Grow every row's SAGE tree together (`draft_adaptive_rows`), row b at most `depths[b]` levels, under the
-        rows' `processings` of the draft's logits, over their tokens so far (`sequences`)."""
+        """Grow every row's tree together by its own plan (`draft_own_trees`), row b at most `depths[b]` levels, under
+        the rows' `processings` of the draft's logits, over their tokens so far (`sequences`)."""
         pending, counts = self._pending_rows(rows, draft.device)
-        return draft_adaptive_rows(
+        return draft_own_trees(
             draft,
             plans,
             pending,
@@ -783,49 +763,6 @@ class BatchDecoder:
             processings,
             sequences,
         )
-
-    def _draft(
-        self, rows: list[_Row], plans: list[TreePlan], depths: list[int], draft: RowRunner
-    ) -> tuple[list[Drafted], int, int]:
-        """Grow every row's tree, row b at most `depths[b]` levels, one batched draft forward per level (rows whose
-        tree is done feed nothing), then read which slots of every padded tree are real at once; returns the trees, the
-        draft forwards and the tokens they carried (padding included)."""
-        lengths = draft.lengths
-        growing = []
-        for b, row in enumerate(rows):
-            sink, settings = row.sink, row.settings
-            growing.append(
-                row.drafter.steps(
-                    row.pending, plans[b], sink.sequence, lengths[b], settings.draft_processing, depths[b]
-                )
-            )
-        requests: list[RowForward | SlotsRead | None] = [next(steps) for steps in growing]
-        drafted: list[Drafted | None] = [None] * len(rows)
-        forwards = tokens = 0
-        while any(isinstance(r, RowForward) for r in requests):
-            feeding = [r if isinstance(r, RowForward) else None for r in requests]
-            forwards += 1
-            tokens += len(rows) * max(r.tokens.shape[0] for r in feeding if r is not None)
-            logits = draft.forward(feeding)
-            for b, steps in enumerate(growing):
-                if feeding[b] is None:
-                    continue
-                try:
-                    requests[b] = steps.send(logits[b, : feeding[b].tokens.shape[0]])
-                except StopIteration as grown:
-                    drafted[b], requests[b] = grown.value, None
-        reading = [b for b, r in enumerate(requests) if isinstance(r, SlotsRead)]
-        if reading:
-            # Every padded tree's real slots in one read.
-            valid = torch.cat([requests[b].valid for b in reading]).tolist()
-            for b in reading:
-                n = requests[b].valid.shape[0]
-                try:
-                    growing[b].send(valid[:n])
-                except StopIteration as grown:
-                    drafted[b] = grown.value
-                valid = valid[n:]
-        return drafted, forwards, tokens
 
     def _commit(
         self,
@@ -896,24 +833,10 @@ def _same_objects(held: list[Any], now: list[Any]) -> bool:
     return len(held) == len(now) and all(a is b for a, b in zip(held, now, strict=True))
 
 
-def _adaptive(plans: list[TreePlan]) -> bool:
-    """Whether every plan is a SAGE tree, or every one a sage-gt tree over one calibration, of one top-k, so the rows'
-    trees grow together (`draft_adaptive_rows`)."""
-    first = plans[0]
-    if type(first) not in (AdaptiveTreePlan, CostAwareTreePlan):
-        return False
-    same = [type(p) is type(first) and p.top_k == first.top_k for p in plans]
-    if isinstance(first, CostAwareTreePlan):
-        same = [s and p.calibration is first.calibration for s, p in zip(same, plans, strict=True)]
-    return all(same)
-
-
-def _same_rank_tree(plans: list[TreePlan]) -> bool:
+def _shared_paths(plans: list[TreePlan]) -> bool:
     """Whether every plan is the same tree of rank paths (so the rows' trees share one structure)."""
-    first = plans[0]
-    if not isinstance(first, RankTreePlan):
-        return False
-    return all(p is first or (isinstance(p, RankTreePlan) and p.paths == first.paths) for p in plans)
+    first = plans[0].paths
+    return first is not None and all(p.paths is first or p.paths == first for p in plans)
 
 
 def _similar_lengths(requests: list[RowRequest]) -> list[list[RowRequest]]:

@@ -35,7 +35,12 @@ def host_values(values: Sequence[float], device: torch.device, dtype: torch.dtyp
     """`values` (host numbers) as a `dtype` tensor on `device`. On CUDA the copy starts from pinned memory without
     blocking: `torch.tensor(values, device=...)` waits for every queued kernel first (a pipeline drain, as costly as a
     read), while this one is ordered after them in the stream and the host goes on."""
+    return host_tensor(torch.tensor(values, dtype=dtype), device)
+
+
+def host_tensor(held: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`held` (a tensor the host made) on `device`, copied as `host_values` copies (no wait for the device)."""
     device = torch.device(device)
     if device.type != "cuda":
-        return torch.tensor(values, dtype=dtype, device=device)
-    return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
+        return held.to(device)
+    return held.pin_memory().to(device, non_blocking=True)

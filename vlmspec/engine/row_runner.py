@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
@@ -14,19 +13,6 @@ from .device_tensors import arange, host_values
 from .kv_cache import RowCache
 from .prompt_cache import TREE_ROOM, SlabCache
 from .prompt_runner import ModelRunner
-
-
-@dataclass
-class RowForward:
-    """What one sequence feeds a forward: `tokens` (q,) at `depths` (q,) past the cache index `base_index`, each
-    seeing every key of the sequence before its last k and, of those k (its own and earlier levels'), the ones
-    `visible` (q, k) marks. A tree's growth yields one per draft forward it needs (`Drafter.steps`), and a batch
-    carries one per row."""
-
-    tokens: torch.Tensor
-    depths: torch.Tensor
-    visible: torch.Tensor
-    base_index: int
 
 
 class RowRunner(GuardedRunner):
@@ -85,30 +71,6 @@ class RowRunner(GuardedRunner):
         order = self.cache.drop(rows)
         self.offsets = [self.offsets[b] for b in order]
         return order
-
-    def forward(self, requests: list[RowForward | None]) -> torch.Tensor:
-        """Run every row's request in one forward (rows with None feed padding that is never kept); returns the
-        logits `(B, q, V)`, row b's first `q_b` its own (the rest padding). Each row's fed tokens enter its cache."""
-        cache, device = self.cache, self.device
-        counts = [0 if r is None else r.tokens.shape[0] for r in requests]
-        q = max(counts)
-        cache.prepare(self._fed(q))
-        rows = len(requests)
-        tokens = torch.zeros(rows, q, dtype=torch.long, device=device)
-        positions = torch.zeros(rows, q, dtype=torch.long, device=device)
-        visible = torch.zeros(rows, q, cache.span, dtype=torch.bool, device=device)
-        for b, request in enumerate(requests):
-            length = cache.lengths[b]
-            if request is None:
-                visible[b, :, :length] = True
-                continue
-            n, width = counts[b], request.visible.shape[1]
-            tokens[b, :n] = request.tokens
-            positions[b, :n] = request.depths + (request.base_index + self.offsets[b])
-            block = length + n - width
-            visible[b, :, :block] = True
-            visible[b, :n, block : length + n] = request.visible
-        return self._run(tokens, positions, visible, counts)
 
     def forward_rows(
         self,

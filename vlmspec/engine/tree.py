@@ -11,8 +11,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .device_tensors import arange, host_values
-
 
 def additive_mask(visible: torch.Tensor, dtype: torch.dtype, prefix_len: int = 0) -> torch.Tensor:
     """An additive mask `(1, 1, q, prefix_len + k)`: each row sees the prefix and its `visible` (q, k) keys.
@@ -143,36 +141,13 @@ class TreeRows:
             self.depth if depth is None else depth,
         )
 
-    @staticmethod
-    def padded(trees: Sequence[DraftTree]) -> TreeRows:
-        """Trees of different shapes as rows of their own structure, padded to the largest (padding invalid)."""
-        device, n = trees[0].tokens.device, max(tree.size for tree in trees)
-        rows = len(trees)
-        pad = torch.nn.utils.rnn.pad_sequence
-        own = arange(n, device)
-        parents = pad([tree.parents for tree in trees], batch_first=True, padding_value=-2)
-        parents = torch.where(parents == -2, own, parents)
-        ancestors = torch.zeros(rows, n, n, dtype=torch.bool, device=device)
-        for b, tree in enumerate(trees):
-            ancestors[b, : tree.size, : tree.size] = tree.ancestors
-        valid = own[None] < host_values([tree.size for tree in trees], device)[:, None]
-        return TreeRows(
-            pad([tree.tokens for tree in trees], batch_first=True),
-            pad([tree.log_probs for tree in trees], batch_first=True, padding_value=-torch.inf),
-            parents,
-            pad([tree.depths for tree in trees], batch_first=True),
-            ancestors,
-            max(tree.depth for tree in trees),
-            valid,
-        )
-
 
 @dataclass
 class TreeShape:
     """The structure a fixed tree of rank paths gives every row's tree: node i's parent, depth, ancestors and draft
     rank, and per level the new nodes as (frontier row, rank) pairs over the level above; `full[l - 1]` is c when
     level l gives every frontier node its ranks 0..c-1 (a chain's levels; its children are then a view of the top-c),
-    else None. Nodes are in the order `TreeBuilder` grows them: level by level, each level by parent, then rank.
+    else None. Nodes are in the order the growth keeps them: level by level, each level by parent, then rank.
     `blocks` keeps what steps derive from the structure alone (visibility blocks, greedy depths), made once."""
 
     parents: torch.Tensor
@@ -255,142 +230,3 @@ def rank_tree_shape(paths: Sequence[Sequence[int]], device: torch.device) -> Tre
         full=full,
     )
     return shape
-
-
-class TreeBuilder:
-    """Grows a tree level by level into preallocated buffers, so adding a level is a few tensor writes.
-
-    A level added with the `structure` of the same level of the last tree (the same plan's cached parent rows and
-    ranks, at the same place) keeps the parents, depths, ranks and ancestors it already holds and writes only its
-    tokens and path log-probabilities: a fixed tree (a chain, a static tree) rewrites its shape only once.
-    """
-
-    def __init__(self, capacity: int, device: torch.device):
-        self.capacity = capacity + 1
-        self.tokens = torch.zeros(self.capacity, dtype=torch.long, device=device)
-        self.parents = torch.full((self.capacity,), -1, dtype=torch.long, device=device)
-        self.depths = torch.zeros(self.capacity, dtype=torch.long, device=device)
-        self.log_probs = torch.zeros(self.capacity, device=device)
-        self.ranks = torch.zeros(self.capacity, dtype=torch.long, device=device)
-        self.valid = torch.ones(self.capacity, dtype=torch.bool, device=device)
-        self.ancestors = torch.zeros(self.capacity, self.capacity, dtype=torch.bool, device=device)
-        # The root (node 0) keeps parent -1, depth 0, path log-probability 0 and only itself as ancestor: no level
-        # writes node 0, and every level's ancestor rows are whole copies of their parents' rows.
-        self.ancestors[0, 0] = True
-        self._structures: list[tuple] = []
-        self.size = 0
-        self.levels = 0
-        self.level_ends: list[int] = []
-        self.masked = False
-
-    def start(self, root_token: torch.Tensor) -> None:
-        """Reset to a single root node holding `root_token`."""
-        self.tokens[0] = root_token
-        self.size = 1
-        self.levels = 0
-        self.level_ends = [1]
-        self.masked = False
-
-    def add_level(
-        self,
-        parents: torch.Tensor,
-        tokens: torch.Tensor,
-        log_probs: torch.Tensor,
-        ranks: torch.Tensor,
-        valid: torch.Tensor | None = None,
-        structure: tuple | None = None,
-    ) -> slice:
-        """Append the next level: children of `parents` (nodes of the last level) with draft rank `ranks`; returns
-        the new nodes' slice. Slots not `valid` are padding: their path log-probability is -inf, and `finish()` drops
-        them. `structure` (objects compared by identity, e.g. a plan's cached index tensors) says the level's shape
-        is the one the last tree had here when they are the same objects."""
-        m = parents.shape[0]
-        if self.size + m > self.capacity:
-            raise ValueError(f"tree capacity {self.capacity - 1} exceeded")
-        new = slice(self.size, self.size + m)
-        level = self.levels
-        self.levels += 1
-        self.tokens[new] = tokens
-        key = None if structure is None else (structure, new.start, m)
-        kept = self._structures[level] if level < len(self._structures) else None
-        if not _same_structure(kept, key):
-            del self._structures[level:]
-            self.parents[new] = parents
-            self.depths[new] = self.levels
-            self.ranks[new] = ranks
-            self.ancestors[new] = self.ancestors[parents]
-            self.ancestors[new, new].fill_diagonal_(True)
-            if key is not None:
-                self._structures.append(key)
-        if valid is None:
-            self.log_probs[new] = log_probs
-        else:
-            self.log_probs[new] = log_probs.masked_fill(~valid, -torch.inf)
-            self.valid[new] = valid
-            self.masked = True
-        self.size += m
-        self.level_ends.append(self.size)
-        return new
-
-    def build(self) -> DraftTree:
-        """A view of the tree grown so far, padding slots included (valid until the next `start`)."""
-        n = self.size
-        return DraftTree(
-            tokens=self.tokens[:n],
-            parents=self.parents[:n],
-            depths=self.depths[:n],
-            log_probs=self.log_probs[:n],
-            ancestors=self.ancestors[:n, :n],
-            depth=self.levels,
-        )
-
-    def finish(self, valid: list[bool] | None = None) -> tuple[DraftTree, torch.Tensor, list[int] | None]:
-        """The tree grown so far, how deep the draft's own top-1 path reaches in it (on the device: the deepest node
-        whose path is all rank-0 children), and, when levels were padded, the slot of each of its nodes (host).
-
-        Without padding the tree is a view (valid until the next `start`). With padding, which slots are real (the
-        host's `valid`, or one read of them) gives the tree's size, and its nodes are gathered in order.
-        """
-        n = self.size
-        if not self.masked:
-            tree = self.build()
-            return tree, _greedy_depth(self.ranks[:n], tree.ancestors, tree.depths), None
-        if valid is None:
-            valid = self.valid[:n].tolist()
-        real = [i for i, keep in enumerate(valid) if keep]
-        slots = host_values(real, self.tokens.device)
-        new_index = torch.zeros(n, dtype=torch.long)
-        new_index[real] = torch.arange(len(real))
-        parents = new_index.to(self.tokens.device)[self.parents[slots].clamp_min(0)]
-        parents[0] = -1
-        ancestors = self.ancestors[slots][:, slots]
-        depths = self.depths[slots]
-        tree = DraftTree(
-            tokens=self.tokens[slots],
-            parents=parents,
-            depths=depths,
-            log_probs=self.log_probs[slots],
-            ancestors=ancestors,
-            depth=self._level_of(real[-1]),
-        )
-        return tree, _greedy_depth(self.ranks[slots], ancestors, depths), real
-
-    def _level_of(self, slot: int) -> int:
-        """The level of `slot`, from the host's record of level sizes."""
-        for level, end in enumerate(self.level_ends):
-            if slot < end:
-                return level
-        return self.levels
-
-
-def _same_structure(kept: tuple | None, key: tuple | None) -> bool:
-    """Whether a level's `key` (its structure objects, start and size) is the one `kept` from the last tree."""
-    if kept is None or key is None or kept[1:] != key[1:] or len(kept[0]) != len(key[0]):
-        return False
-    return all(a is b for a, b in zip(kept[0], key[0], strict=True))
-
-
-def _greedy_depth(ranks: torch.Tensor, ancestors: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
-    """The deepest node whose path is all rank-0 children, on the device."""
-    on_path = ~(ancestors & (ranks != 0)[None, :]).any(dim=1)
-    return (depths * on_path).max()

@@ -7,6 +7,7 @@ from .base import BatchShape, RankTreePlan, StepOutcome, TreePlan, TreePolicy
 from .chain import ChainPolicy
 from .chain_length import ChainLength, ChainLengthConfig
 from .draft_gate import DraftGateConfig
+from .levels import LevelChoice, LevelRules, RowRule
 from .sage import AdaptiveTreePlan, SageConfig, SagePolicy
 from .sage_gt import CostAwareTreePlan, SageGtConfig, SageGtPolicy
 from .static import SPECVLM_TREE, StaticTreePolicy
@@ -47,8 +48,11 @@ __all__ = [
     "ChainPolicy",
     "CostAwareTreePlan",
     "DraftGateConfig",
+    "LevelChoice",
+    "LevelRules",
     "POLICY_NAMES",
     "RankTreePlan",
+    "RowRule",
     "SPECVLM_TREE",
     "SageConfig",
     "SageGtConfig",

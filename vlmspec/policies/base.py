@@ -1,13 +1,15 @@
 """The policy interface: a policy plans the shape of the next draft tree and learns from each step.
 
-A `TreePlan` answers one question per tree level: which of the top-k children of each frontier node to add.
-The draft engine asks it level by level, so a plan can depend on the draft's probabilities (SAGE thresholds)
-or be a fixed set of rank paths (chain, static tree). A new policy is one file implementing `TreePolicy`.
+A `TreePlan` states its level rule (`RowRule`): which of the top-k children of each frontier node to add, by
+widths and floors on the draft's probabilities (SAGE thresholds, sage-gt's values) or as a fixed set of rank paths
+(chain, static tree). The draft engine applies every row's rule at once, level by level (`LevelRules`). A new
+policy is one file implementing `TreePolicy`.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,68 +18,43 @@ from typing import TYPE_CHECKING
 import torch
 
 from .draft_gate import LAST_TOKEN
+from .levels import RowRule
 
 if TYPE_CHECKING:
     from ..engine.tree import DraftTree
 
 
 class TreePlan(ABC):
-    """How to grow one tree: its maximum depth, node budget, candidates per node and a selection rule.
+    """How to grow one tree: its maximum depth, node budget, candidates per node and its level rule.
 
-    A `masked` plan's choices depend on the draft's probabilities: its levels are grown as fixed numbers of slots
-    (`slots`), the children it rejects masked rather than removed, so growing the tree never waits for the device.
-    None means masked on accelerators only, where a read waits for the device.
+    The rule (`rule`) says, as numbers the growth holds per row as tensors, which of each frontier node's top-k
+    children to keep at each level: widths, floors on a child's score, a forward's price, or a fixed tree's children
+    (`RowRule`). A `masked` growth grows every level as a fixed number of slots, the children a rule rejects masked
+    rather than removed, so growing the tree never waits for the device. None means masked on accelerators only,
+    where a read waits for the device; a batch's rows grow as its first plan that says asks. `paths` are the rank
+    paths of a fixed tree (None for a tree that depends on the draft's probabilities): rows that all draft one such
+    tree grow it without gathers.
     """
 
     depth: int
     max_nodes: int
     top_k: int
-    masked: bool | None = False
+    masked: bool | None = None
+    paths: list[tuple[int, ...]] | None = None
 
     @abstractmethod
-    def select(
-        self, level: int, parent_log_probs: torch.Tensor, child_log_probs: torch.Tensor, budget: int
-    ) -> torch.Tensor:
-        """Boolean mask `(m, k)` of the children to add at `level` (1-based).
-
-        `parent_log_probs` (m,) are the frontier's cumulative path log-probabilities, `child_log_probs` (m, k) the
-        draft's top-k log-probabilities under each frontier node, sorted; `budget` is how many nodes may still be added.
-        """
-
-    def children(
-        self, level: int, parent_log_probs: torch.Tensor, child_log_probs: torch.Tensor, budget: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The selected children as (frontier row, rank) index pairs, ordered by row then rank."""
-        return self.select(level, parent_log_probs, child_log_probs, budget).nonzero(as_tuple=True)
+    def rule(self, levels: int) -> RowRule:
+        """The plan's level rule over its first `levels` levels (1-based levels, `levels` at least as deep as the
+        tree grows)."""
 
     def levels(self, masked: bool) -> int:
-        """How many levels to grow: `depth`, the most a plan may grow unmasked (where `grows` can stop it early)."""
+        """How many levels to grow: `depth`, the most a plan may grow unmasked (where its forward price can stop it
+        early)."""
         return self.depth
 
     def max_children(self, level: int) -> int:
         """The most children one node can get at `level` (a bound on the host, for sizing masked levels)."""
         return self.top_k
-
-    def slots(
-        self,
-        level: int,
-        parent_log_probs: torch.Tensor,
-        child_log_probs: torch.Tensor,
-        budget: torch.Tensor | None,
-        count: int,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`count` (frontier row, rank) pairs, the selected children first (by row, then rank) and padding after,
-        and which are selected; `budget` (on the device) is how many nodes may still be added, None when it cannot
-        bind. Fixed shapes."""
-        keep = self.select(level, parent_log_probs, child_log_probs, budget).flatten()
-        order = torch.argsort((~keep).to(torch.uint8), stable=True)[:count]
-        k = child_log_probs.shape[1]
-        return order // k, order % k, keep[order]
-
-    def grows(self, level: int) -> bool:
-        """Whether to run the draft over level `level`'s nodes to propose level `level + 1` (below `depth`); asked
-        of unmasked plans only, since answering from the device's values waits for the device."""
-        return True
 
     @property
     def width(self) -> float:
@@ -114,35 +91,23 @@ class RankTreePlan(TreePlan):
                         children.append(parent + (rank,))
             self._masks.append(mask)
             frontier = children
-        self._device_masks: dict[torch.device, list[torch.Tensor]] = {}
-        self._children = [m.nonzero(as_tuple=True) for m in self._masks]
-        self._device_children: dict[torch.device, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._most_children = [int(mask.sum(1).max()) for mask in self._masks]
         self._width = float(sum(len(p) == 1 for p in self.paths))
 
     def __deepcopy__(self, memo: dict) -> RankTreePlan:
-        """The plan itself: it never changes (its device tensors are caches), so the copies of a policy made for a
-        batch's rows share it, and no row copies its tensors."""
+        """The plan itself: it never changes, so the copies of a policy made for a batch's rows share it."""
         return self
 
     @property
     def width(self) -> float:
         return self._width
 
-    def select(
-        self, level: int, parent_log_probs: torch.Tensor, child_log_probs: torch.Tensor, budget: int
-    ) -> torch.Tensor:
-        device = child_log_probs.device
-        if device not in self._device_masks:
-            self._device_masks[device] = [m.to(device) for m in self._masks]
-        return self._device_masks[device][level - 1]
+    def max_children(self, level: int) -> int:
+        return self._most_children[level - 1] if level <= self.depth else 0
 
-    def children(
-        self, level: int, parent_log_probs: torch.Tensor, child_log_probs: torch.Tensor, budget: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        device = child_log_probs.device
-        if device not in self._device_children:
-            self._device_children[device] = [(rows.to(device), ranks.to(device)) for rows, ranks in self._children]
-        return self._device_children[device][level - 1]
+    def rule(self, levels: int) -> RowRule:
+        """Each level's children as the paths name them (`keep`: the level's (frontier node, rank) mask)."""
+        return RowRule(self.top_k, self.max_nodes, [math.inf] * levels, [-math.inf] * levels, keep=self._masks[:levels])
 
 
 @dataclass

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .base import RankTreePlan, StepOutcome, TreePlan, TreePolicy
+from .levels import RowRule
 from .static import SPECVLM_TREE
 
 
@@ -98,58 +99,29 @@ class AdaptiveTreePlan(TreePlan):
         self.max_nodes = max_nodes
         self.top_k = top_k
         self.threshold_scale = threshold_scale
-        self._ranks: torch.Tensor | None = None
 
     @property
     def width(self) -> float:
         return self._width
 
-    def level_width(self, level: int, parent_log_probs: torch.Tensor) -> torch.Tensor:
-        """W_1 = W; W_l = W / l * (0.5 + P_parent) below, with P_parent the parent's cumulative path probability."""
-        if level == 1:
-            return torch.full_like(parent_log_probs, self._width)
-        return self._width / level * (0.5 + parent_log_probs.exp())
+    def level_scale(self, level: int) -> float:
+        """W_l's scale: W at the first level, W / l below (where W_l = W / l * (0.5 + P_parent), P_parent the
+        parent's cumulative path probability)."""
+        return self._width if level == 1 else self._width / level
 
     def max_children(self, level: int) -> int:
         """ceil(W) at the first level; below, W / l * (0.5 + P_parent) with P_parent at most 1."""
         bound = self._width if level == 1 else self._width / level * 1.5
         return min(self.top_k, math.ceil(bound))
 
-    def rank_row(self, k: int, device: torch.device) -> torch.Tensor:
-        """Ranks 0..k-1 as floats (compared with real-valued widths), made once per plan."""
-        if self._ranks is None or self._ranks.shape[0] != k or self._ranks.device != device:
-            self._ranks = torch.arange(k, dtype=torch.float32, device=device)
-        return self._ranks
-
     def threshold(self, level: int) -> float:
         """theta_l = c * l / D: deeper nodes need a more probable path."""
         return self.threshold_scale * level / self.depth
 
-    def select(
-        self, level: int, parent_log_probs: torch.Tensor, child_log_probs: torch.Tensor, budget: int
-    ) -> torch.Tensor:
-        k = child_log_probs.shape[1]
-        cumulative = parent_log_probs[:, None] + child_log_probs
-        keep = self.rank_row(k, child_log_probs.device) < self.level_width(level, parent_log_probs)[:, None]
-        keep &= cumulative > math.log(self.threshold(level))
-        return self.within_budget(keep, cumulative, budget)
-
-    @staticmethod
-    def within_budget(keep: torch.Tensor, scores: torch.Tensor, budget: int | torch.Tensor | None) -> torch.Tensor:
-        """`keep` cut to its `budget` best-scoring entries when it holds more (checked only when it could); a budget
-        on the device cuts by rank, without reading it; None is no budget."""
-        if budget is None:
-            return keep
-        if isinstance(budget, torch.Tensor):
-            order = scores.masked_fill(~keep, float("-inf")).flatten().argsort(descending=True, stable=True)
-            rank = torch.empty_like(order).scatter_(0, order, torch.arange(order.shape[0], device=order.device))
-            return keep & (rank < budget).view_as(keep)
-        if keep.numel() <= budget or int(keep.sum()) <= budget:
-            return keep
-        best = scores.masked_fill(~keep, float("-inf")).flatten().topk(budget).indices
-        cut = torch.zeros_like(keep).flatten()
-        cut[best] = True
-        return cut.view_as(keep)
+    def rule(self, levels: int) -> RowRule:
+        """Ranks below W_l whose path probability exceeds theta_l."""
+        floors = [math.log(theta) if theta > 0 else -math.inf for theta in map(self.threshold, range(1, levels + 1))]
+        return RowRule(self.top_k, self.max_nodes, [self.level_scale(level) for level in range(1, levels + 1)], floors)
 
 
 class SagePolicy(TreePolicy):

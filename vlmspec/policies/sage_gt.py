@@ -20,6 +20,7 @@ import torch
 from .base import RankTreePlan, StepOutcome, TreePlan, TreePolicy
 from .calibration import AcceptanceCalibration
 from .cost_model import CostModel, StepCost
+from .levels import RowRule
 from .sage import AdaptiveTreePlan, SageConfig, SagePolicy
 
 
@@ -91,53 +92,21 @@ class CostAwareTreePlan(AdaptiveTreePlan):
         self.node_floor = node_floor
         self.forward_floor = forward_floor
         self.explore = explore
-        self.continuation = calibration.continuation
-        self._table: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._candidate_values: torch.Tensor | None = None
-        self._values: torch.Tensor | None = None
 
-    def select(
-        self, level: int, parent_log_probs: torch.Tensor, child_log_probs: torch.Tensor, budget: int
-    ) -> torch.Tensor:
-        k = child_log_probs.shape[1]
-        if level == 1:
-            self._table = self.calibration.table(child_log_probs.device)
-        values = self.calibration.rate(child_log_probs, self._table)
-        if level > 1:
-            values *= self._values[:, None]
-        widths = self.level_width(level, parent_log_probs)[:, None]
-        keep = (values > self.node_floor).logical_and_(self.rank_row(k, child_log_probs.device) < widths)
-        if level == 1 and self.explore:
-            keep[0, 0] = True
-        self._candidate_values = values
-        return self.within_budget(keep, values, budget)
-
-    def children(
-        self, level: int, parent_log_probs: torch.Tensor, child_log_probs: torch.Tensor, budget: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        rows, ranks = self.select(level, parent_log_probs, child_log_probs, budget).nonzero(as_tuple=True)
-        self._values = self._candidate_values[rows, ranks]
-        return rows, ranks
-
-    def slots(
-        self,
-        level: int,
-        parent_log_probs: torch.Tensor,
-        child_log_probs: torch.Tensor,
-        budget: torch.Tensor | None,
-        count: int,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        rows, ranks, valid = super().slots(level, parent_log_probs, child_log_probs, budget, count)
-        self._values = self._candidate_values[rows, ranks] * valid
-        return rows, ranks, valid
+    def rule(self, levels: int) -> RowRule:
+        """SAGE's widths; a child's floor is the node price, its score its calibrated value."""
+        return RowRule(
+            self.top_k,
+            self.max_nodes,
+            [self.level_scale(level) for level in range(1, levels + 1)],
+            [self.node_floor] * levels,
+            calibration=self.calibration,
+            explore=self.explore,
+            forward_price=self.forward_floor,
+        )
 
     def levels(self, masked: bool) -> int:
         return self.paying_levels if masked else self.depth
-
-    def grows(self, level: int) -> bool:
-        fixed, per_node = self.forward_floor
-        gain = float(self._values.sum()) * self.continuation
-        return gain > fixed + per_node * self._values.shape[0]
 
 
 def _value_at(values: list[float], n: int, cap: int) -> float:

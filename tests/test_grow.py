@@ -1,0 +1,92 @@
+"""Growing every row's own tree at once: rows of any mix of plans get the trees they would grow alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vlmspec.engine.grow import draft_own_trees, draft_rows
+from vlmspec.engine.tree import rank_tree_shape
+from vlmspec.policies import SPECVLM_TREE, AdaptiveTreePlan, CostAwareTreePlan, RankTreePlan
+from vlmspec.policies.calibration import AcceptanceCalibration
+
+VOCAB = 12
+
+
+class TableDraft:
+    """A draft whose next-token logits depend on the last token fed alone (a fixed random table), over rows of
+    `lengths` cached tokens: enough of a `RowRunner` for the growth."""
+
+    def __init__(self, rows: int, seed: int = 0):
+        generator = torch.Generator().manual_seed(seed)
+        self.table = torch.randn(VOCAB, VOCAB, generator=generator) * 2.0
+        self.lengths = [5] * rows
+
+    def positions(self, lengths: torch.Tensor) -> torch.Tensor:
+        return lengths
+
+    def forward_rows(self, tokens, depths, start, visible, counts=None) -> torch.Tensor:
+        return self.table[tokens]
+
+
+def _grow(plans, roots: list[int], max_depth: int = 8):
+    rows = len(plans)
+    pending = torch.tensor(roots)[:, None]
+    return draft_own_trees(
+        TableDraft(rows), plans, pending, [1] * rows, [max_depth] * rows, VOCAB, VOCAB, [None] * rows, [None] * rows
+    )
+
+
+def _tree(grown, b: int) -> tuple[list[int], list[int], list[float]]:
+    tree = grown.row(b).tree
+    return tree.tokens.tolist(), tree.parents.tolist(), tree.log_probs.tolist()
+
+
+def _sage(width: float = 4.0, masked: bool = False) -> AdaptiveTreePlan:
+    return AdaptiveTreePlan(depth=4, width=width, max_nodes=20, top_k=6, threshold_scale=0.05, masked=masked)
+
+
+def _sage_gt(explore: bool = False) -> CostAwareTreePlan:
+    return CostAwareTreePlan(3.0, 6, 20, 6, AcceptanceCalibration(), 0.05, (0.2, 0.01), explore=explore)
+
+
+@pytest.mark.parametrize(
+    "plans",
+    [
+        [RankTreePlan(SPECVLM_TREE), _sage(), _sage(2.0)],
+        [_sage(), RankTreePlan([[0], [1], [0, 0]]), RankTreePlan(SPECVLM_TREE)],
+        [_sage_gt(), RankTreePlan(SPECVLM_TREE[:3]), _sage_gt(explore=True)],
+        [_sage_gt(), _sage(), RankTreePlan([[0], [0, 0], [0, 0, 0]])],
+        [RankTreePlan(SPECVLM_TREE), _sage(masked=True), _sage(2.0, masked=True)],
+    ],
+    ids=[
+        "rank-tree-beside-sage",
+        "rank-trees-of-other-shapes",
+        "sage-gt-beside-a-capped-rank-tree",
+        "all-three",
+        "masked-levels",
+    ],
+)
+def test_a_batch_mixing_plans_gives_each_row_the_tree_it_grows_alone(plans):
+    roots = [1, 4, 7]
+    together = _grow(plans, roots)
+    for b, plan in enumerate(plans):
+        alone = _grow([plan], [roots[b]])
+        assert _tree(together, b) == _tree(alone, 0)
+
+
+@pytest.mark.parametrize("paths", [SPECVLM_TREE, [[0], [0, 0], [0, 0, 0]], [[1], [0], [1, 2], [0, 0]]])
+def test_a_rank_tree_grown_among_other_rows_is_the_tree_its_shape_grows(paths):
+    plan = RankTreePlan(paths)
+    grown = _grow([_sage(), plan, _sage_gt()], [2, 3, 9])
+    shape = rank_tree_shape(plan.paths, torch.device("cpu"))
+    pending = torch.tensor([[3]])
+    shared = draft_rows(TableDraft(1), shape, plan.top_k, pending, [1], [8], VOCAB, VOCAB, [None], [None])
+    assert _tree(grown, 1) == _tree(shared, 0)
+
+
+def test_a_row_near_its_budget_stops_at_its_own_depth():
+    plans = [RankTreePlan(SPECVLM_TREE), _sage()]
+    pending = torch.tensor([[3], [5]])
+    grown = draft_own_trees(TableDraft(2), plans, pending, [1, 1], [2, 8], VOCAB, VOCAB, [None] * 2, [None] * 2)
+    assert grown.depths[0] == 2 and grown.sizes[0] == 1 + 4 + 8
