@@ -3,6 +3,8 @@ target's own batched `generate` on the same padded batch, for every family, poli
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from conftest import FAMILIES, on_device
@@ -310,3 +312,24 @@ def test_a_group_whose_joint_prefill_fails_is_admitted_alone_and_streamed_once(q
         assert torch.equal(streamer.puts[0], prompt) and all(p.ndim == 1 for p in streamer.puts[1:])
         assert torch.equal(torch.cat(streamer.puts[1:]), sequence[0, prompt.shape[1] :]) and streamer.ended == 1
         assert torch.equal(sequence, alone)
+
+
+def test_draws_of_one_prompt_share_its_prefill_while_a_slot_holds_it_and_are_prefilled_again_after(qwen):
+    """Requests sharing their inputs (draws of one prompt) admitted one after another take the prompt from the slot
+    that holds it, with no prefill of their own, until a finished row's slot takes another row; a draw admitted then is
+    prefilled again. Each decodes as `generate` does."""
+    spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"], "chain")
+    case = qwen.cases["image"]
+    expected = qwen.target.generate(**case, do_sample=False, max_new_tokens=8)
+    first = spec.prepare(case, key=0, do_sample=False, max_new_tokens=2)
+    longer = spec.prepare(case, key=1, do_sample=False, max_new_tokens=8)
+    shared = dict(target_inputs=first.target_inputs, draft_inputs=first.draft_inputs)
+    draws = [first, replace(longer, **shared), replace(longer, key=2, **shared)]
+    alone = {r.key: r for r in spec.decode([replace(r, key=r.key + 10) for r in draws], batch_size=1)}
+    assert [alone[k].stats.target_prefill_tokens > 0 for k in (10, 11, 12)] == [True, False, False]
+    together = {r.key: r for r in spec.decode(draws, batch_size=2)}
+    assert [together[k].stats.target_prefill_tokens > 0 for k in (0, 1, 2)] == [True, False, True]
+    for results in (alone, together):
+        for result in results.values():
+            length = result.sequence.shape[1]
+            assert torch.equal(result.sequence.cpu(), expected[:, :length].cpu())
