@@ -93,6 +93,17 @@ def test_a_prompt_a_row_holds_is_copied_into_a_new_row_for_another_draw():
     assert torch.equal(row_keys(cache, 1), keys[0])
 
 
+def test_a_prompt_outlives_its_first_row_in_the_rows_that_took_it_in():
+    cache = RowCache([CPU] * LAYERS, slots=2)
+    (prompt,), keys = written(cache, [5], 0)
+    cache.take(prompt, room=8)
+    cache.take(prompt, room=8)
+    cache.drop([0])
+    assert prompt.slot == 0 and cache.rows == 1
+    assert cache.take(prompt, room=8) == 1
+    assert torch.equal(row_keys(cache, 1), keys[0])
+
+
 def test_a_prompt_follows_its_row_and_is_lost_to_a_later_pass():
     cache = RowCache([CPU] * LAYERS, slots=3)
     admitted(cache, 3, 0)

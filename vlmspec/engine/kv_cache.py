@@ -39,12 +39,18 @@ def check_cache(config: PretrainedConfig) -> None:
 
 @dataclass
 class PromptSlot:
-    """A prompt a pass wrote into a `RowCache`: slot `slot` holds its keys at indices 0 to `length` (None once a later
-    write took the slot), and its token at index i sits at position `i + offset`."""
+    """A prompt a pass wrote into a `RowCache`: the slots `held` hold its keys at indices 0 to `length` (the slot the
+    pass wrote and the rows that took it in, each until a later write takes it), and its token at index i sits at
+    position `i + offset`."""
 
-    slot: int | None
+    held: list[int]
     length: int
     offset: int = 0
+
+    @property
+    def slot(self) -> int | None:
+        """The first slot holding the prompt, or None when no slot holds it any more."""
+        return min(self.held, default=None)
 
 
 class _RowLayer(CacheLayerMixin):
@@ -163,26 +169,25 @@ class RowCache(Cache):
         return prompts
 
     def take(self, prompt: PromptSlot, room: int) -> int:
-        """Take in a written prompt as a new last row with `room` more positions to come: moved from the free slot the
-        pass wrote, or copied from another row's slot (draws of one prompt share its pass). Returns its row."""
-        row = self.rows
+        """Take in a written prompt as a new last row with `room` more positions to come: in place, or copied from a
+        slot that holds it (a free one its pass wrote, or another row's: draws of one prompt share its pass). Returns
+        its row."""
+        row, source = self.rows, prompt.slot
         self.reserve(prompt.length + room)
-        if prompt.slot != row:
+        if source != row:
             self._grow_slots(row + 1)
             self._forget([row])
             for slab in self._slabs.values():
-                slab[:, row, :, : prompt.length].copy_(slab[:, prompt.slot, :, : prompt.length])
-            if prompt.slot > row:
-                prompt.slot = row
+                slab[:, row, :, : prompt.length].copy_(slab[:, source, :, : prompt.length])
+            prompt.held.append(row)
         self.lengths.append(prompt.length)
         return row
 
     def _forget(self, slots: Iterable[int]) -> None:
-        """The followed prompts in `slots` are overwritten."""
+        """The followed prompts' copies in `slots` are overwritten."""
         taken = set(slots)
         for prompt in self._written:
-            if prompt.slot in taken:
-                prompt.slot = None
+            prompt.held = [slot for slot in prompt.held if slot not in taken]
 
     def _grow_slots(self, slots: int) -> None:
         """Make room for `slots` slots (a fixed cache for its bucket), keeping what every slot holds."""
@@ -245,8 +250,7 @@ class RowCache(Cache):
             return
         capacity = fixed_capacity(end) if self.fixed else max(end, 2 * self.capacity)
         self._views = {}
-        held = [p.slot + 1 for p in self._written if p.slot is not None]
-        used = max([self.rows, *held])
+        used = max([self.rows, *(slot + 1 for prompt in self._written for slot in prompt.held)])
         for device, slab in self._slabs.items():
             grown = slab.new_zeros(*slab.shape[:3], capacity, slab.shape[4])
             grown[:, :used, :, : self.capacity].copy_(slab[:, :used])
@@ -264,8 +268,7 @@ class RowCache(Cache):
             lengths[slot] = lengths[source]
             self._forget([slot])
             for prompt in self._written:
-                if prompt.slot == source:
-                    prompt.slot = slot
+                prompt.held = [slot if held == source else held for held in prompt.held]
         self.lengths = [self.lengths[b] for b in order]
         return order
 
@@ -360,7 +363,7 @@ class PromptWriter(Cache):
     def prompts(self, offsets: list[int]) -> list[PromptSlot]:
         """The rows' prompts as written, row b's positions `offsets[b]` past its indices; the cache follows them."""
         written = [
-            PromptSlot(self.first + b, length, offset)
+            PromptSlot([self.first + b], length, offset)
             for b, (length, offset) in enumerate(zip(self.lengths, offsets, strict=True))
         ]
         return self.cache.written(written)
