@@ -36,7 +36,6 @@ from vlmspec import SpeculativeVLM
 from vlmspec.adapters import adapter_for
 from vlmspec.engine.compiled import compiled_forward
 from vlmspec.engine.device_tensors import host_values
-from vlmspec.engine.prompt_runner import ModelRunner
 from vlmspec.engine.row_runner import RowRunner
 from vlmspec.engine.tree import DraftTree, with_edges
 from vlmspec.eval.bench import compiled_generate_config
@@ -128,10 +127,9 @@ def k_ary_tree(n: int, device: torch.device, k: int = 4, high: int = REGULAR_IDS
 def prefilled(model: PreTrainedModel, context: int, compile: str = "off") -> RowRunner:
     """A batch of one whose row holds a prompt of `context` random tokens (its forwards compiled as `compile` says)."""
     adapter = adapter_for(model)
-    prompt = ModelRunner(adapter)
-    prompt.prefill({"input_ids": random_ids(context, prompt.device, high=regular_ids(model))})
-    runner = RowRunner(adapter, 1, compiled_forward(model, compile, "model"))
-    runner.append(prompt, room=0)
+    runner = RowRunner(adapter, compiled_forward(model, compile, "model"))
+    _, prompt = runner.prefill({"input_ids": random_ids(context, runner.device, high=regular_ids(model))}, room=0)
+    runner.take(prompt, room=0)
     return runner
 
 

@@ -15,7 +15,6 @@ from vlmspec.attention import (
     tree_block_attention,
     unfold_heads,
 )
-from vlmspec.engine.prompt_runner import ModelRunner
 from vlmspec.engine.row_runner import RowRunner
 from vlmspec.engine.tree import additive_mask, with_edges
 
@@ -65,24 +64,25 @@ def test_a_tree_forward_equals_the_models_own_attention_with_a_full_width_mask(q
     """A batch of one attends through the tree block (the prefix unmasked on the fused kernel), a batch of two through
     a mask over every key; both give the logits of the model's own attention under a full-width mask."""
     adapter = adapter_for(qwen.target)
-    prompt = ModelRunner(adapter)
     with torch.no_grad():
-        prompt.prefill(qwen.cases["image"])
-        start = prompt.length
-        tokens = torch.tensor([5, 6, 7, 8], device=prompt.device)
-        depths = torch.tensor([1, 2, 2, 3], device=prompt.device)
+        cache = adapter.new_cache()
+        result = adapter.prefill(qwen.cases["image"], cache)
+        start, offset, device = result.length, result.next_position - result.length, adapter.device
+        tokens = torch.tensor([5, 6, 7, 8], device=device)
+        depths = torch.tensor([1, 2, 2, 3], device=device)
         visible = torch.tensor(
-            [[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool, device=prompt.device
+            [[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool, device=device
         )
         trees = []
         for rows in (1, 2):
-            runner = RowRunner(adapter, rows)
+            runner = RowRunner(adapter)
+            _, prompt = runner.prefill(qwen.cases["image"], room=4)
             for _ in range(rows):
-                runner.append(prompt, room=4)
-            positions = runner.positions(torch.tensor(runner.lengths, device=prompt.device))
+                runner.take(prompt, room=4)
+            positions = runner.positions(torch.tensor(runner.lengths, device=device))
             trees.append(runner.forward_rows(tokens.expand(rows, -1), depths, positions, with_edges(visible))[0])
-        full = additive_mask(visible, prompt.dtype, prefix_len=start)
-        own = adapter.decode(tokens, depths + start + prompt.offset, full, prompt.cache)
+        full = additive_mask(visible, adapter.dtype, prefix_len=start)
+        own = adapter.decode(tokens, depths + start + offset, full, cache)
     for tree in trees:
         torch.testing.assert_close(tree, own.to(tree.device), rtol=1e-4, atol=1e-4)
 

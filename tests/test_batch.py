@@ -3,6 +3,8 @@ target's own batched `generate` on the same padded batch, for every family, poli
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from conftest import FAMILIES, on_device
@@ -310,3 +312,27 @@ def test_a_group_whose_joint_prefill_fails_is_admitted_alone_and_streamed_once(q
         assert torch.equal(streamer.puts[0], prompt) and all(p.ndim == 1 for p in streamer.puts[1:])
         assert torch.equal(torch.cat(streamer.puts[1:]), sequence[0, prompt.shape[1] :]) and streamer.ended == 1
         assert torch.equal(sequence, alone)
+
+
+def test_draws_of_one_prompt_share_its_prefill_while_a_slot_holds_it_and_are_prefilled_again_after(qwen):
+    """Requests sharing their inputs (draws of one prompt) admitted one after another copy the prompt from a slot that
+    holds it (a row that took it in, or the free slot a finished one left), with no prefill of their own; once another
+    prompt's pass took the slot, the next draw is prefilled again. Each decodes as `generate` does."""
+    spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"], "chain")
+    image, text = qwen.cases["image"], qwen.cases["text"]
+    expected = [qwen.target.generate(**case, do_sample=False, max_new_tokens=8) for case in (image, text)]
+    first = spec.prepare(image, key=(0, 0), do_sample=False, max_new_tokens=2)
+    shared = dict(target_inputs=first.target_inputs, draft_inputs=first.draft_inputs)
+    longer = replace(spec.prepare(image, key=(0, 1), do_sample=False, max_new_tokens=8), **shared)
+    other = spec.prepare(text, key=(1, 0), do_sample=False, max_new_tokens=8)
+    batches = {
+        2: [first, longer, replace(longer, key=(0, 2))],
+        1: [first, longer, other, replace(longer, key=(0, 2))],
+    }
+    prefilled = {2: [True, False, False], 1: [True, False, True, True]}
+    for batch_size, requests in batches.items():
+        results = {r.key: r for r in spec.decode(requests, batch_size=batch_size)}
+        assert [results[r.key].stats.target_prefill_tokens > 0 for r in requests] == prefilled[batch_size]
+        for (case, _), result in results.items():
+            length = result.sequence.shape[1]
+            assert torch.equal(result.sequence.cpu(), expected[case][:, :length].cpu())

@@ -13,11 +13,11 @@ from vlmspec import SpeculativeVLM
 from vlmspec.engine.compiled import (
     COMPILE_ENV,
     compiled_forward,
+    fixed_capacity,
     padded_size,
     resolve_compile,
     row_bucket,
 )
-from vlmspec.engine.prompt_cache import fixed_capacity
 
 POLICIES = ("chain", "static-tree", "sage", "sage-gt")
 

@@ -8,7 +8,6 @@ from conftest import CASES, DEVICE, DRAFTS, on_device
 
 from vlmspec import SageConfig, SageGtConfig, SpeculativeVLM
 from vlmspec.adapters import adapter_for
-from vlmspec.engine.prompt_runner import ModelRunner
 from vlmspec.engine.row_runner import RowRunner
 from vlmspec.testing import chat_inputs, sample_frames
 from vlmspec.testing.distribution import extend_inputs
@@ -78,10 +77,9 @@ def test_text_after_a_long_clip_goes_on_from_the_last_prompt_position(family):
     extended = extend_inputs(inputs, (7,))
     with torch.inference_mode():
         full = family.target(**extended).logits[0, -1]
-        prompt = ModelRunner(adapter)
-        prompt.prefill(inputs)
         runner = RowRunner(adapter)
-        runner.append(prompt, room=1)
+        _, prompt = runner.prefill(inputs, room=1)
+        runner.take(prompt, room=1)
         start = runner.positions(torch.tensor(runner.lengths, device=DEVICE))
         depth = torch.zeros(1, dtype=torch.long, device=DEVICE)
         decoded = runner.forward_rows(token[None], depth, start, None)[0, 0]

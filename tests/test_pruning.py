@@ -10,7 +10,7 @@ import torch
 
 from vlmspec import PruningConfig, SpeculativeVLM
 from vlmspec.adapters import adapter_for
-from vlmspec.engine.prompt_runner import ModelRunner
+from vlmspec.engine.row_runner import RowRunner
 from vlmspec.pruning import VerifierScores, group_budgets, select_random, select_two_stage, select_uniform
 
 
@@ -137,20 +137,24 @@ def test_a_batched_pruned_prefill_fills_each_row_as_its_own_pruned_prefill(famil
     keep = torch.zeros(batch["input_ids"].shape, dtype=torch.bool, device=batch["input_ids"].device)
     for b, (inputs, own) in enumerate(zip(rows, keeps, strict=True)):
         keep[b, width - inputs["input_ids"].shape[1] :] = True if own is None else own
-    together = ModelRunner(adapter)
+    together = RowRunner(adapter)
+    together.start(len(rows))
     with torch.no_grad():
-        logits, positions = together.prefill_rows(batch, keep)
         counts = keep.sum(1).tolist()
+        logits, prompts = together.prefill_rows(batch, counts, 0, keep)
+        for prompt in prompts:
+            together.take(prompt, 0)
         for b, (inputs, own) in enumerate(zip(rows, keeps, strict=True)):
-            alone = ModelRunner(adapter)
-            last = alone.prefill(inputs, own)
-            assert alone.length == counts[b]
-            assert positions[b] - counts[b] == alone.offset
+            alone = RowRunner(adapter)
+            last, prompt = alone.prefill(inputs, 0, own)
+            alone.take(prompt, 0)
+            assert prompt.length == counts[b] == together.lengths[b]
+            assert prompts[b].offset == prompt.offset
             torch.testing.assert_close(logits[b], last, rtol=1e-4, atol=1e-5)
             for layer in range(len(alone.cache.layers)):
-                for ours, own in zip(together.cache.stored(layer), alone.cache.stored(layer), strict=True):
-                    ours = ours[b, :, max(counts) - counts[b] : max(counts)]
-                    torch.testing.assert_close(ours, own[0, :, : counts[b]], rtol=1e-4, atol=1e-5)
+                pairs = zip(together.cache.layer_slab(layer), alone.cache.layer_slab(layer), strict=True)
+                for ours, theirs in pairs:
+                    torch.testing.assert_close(ours[b, :, : counts[b]], theirs[0, :, : counts[b]], rtol=1e-4, atol=1e-5)
 
 
 def test_text_only_prompts_are_not_pruned(qwen):

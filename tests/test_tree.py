@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 from one_tree import accept_greedy, made_tree
 
-from vlmspec.engine.prompt_cache import SlabCache
 from vlmspec.engine.tree import rank_tree_shape, with_edges
 from vlmspec.policies import SPECVLM_TREE, RankTreePlan, resolve_policy
 
@@ -73,38 +72,6 @@ def test_static_plan_reproduces_the_specvlm_tree():
     level_sizes = [end - start for start, end in zip(ends[:-1], ends[1:], strict=True)]
     assert level_sizes == [4, 8, 8, 3, 2]
     assert plan.rule(plan.depth).keep[0].tolist() == [[True, True, True, True]]
-
-
-def filled_cache(layers: int = 2, length: int = 10, devices=None) -> SlabCache:
-    """A cache whose layer i holds keys 10 i + position and values 100 + 10 i + position, one head of width 1."""
-    cache = SlabCache(devices or [torch.device("cpu")] * layers, capacity=length)
-    for i in range(layers):
-        keys = torch.arange(float(length)).view(1, 1, length, 1) + 10 * i
-        cache.update(keys, keys + 100, i)
-    cache.settle()
-    return cache
-
-
-def test_cache_writes_a_forward_at_its_length_and_takes_it_in_when_settled():
-    cache = filled_cache(layers=1, length=4)
-    new = torch.full((1, 1, 2, 1), 7.0)
-    keys, _ = cache.update(new, new, 0)
-    assert keys.flatten().tolist() == [0, 1, 2, 3, 7, 7]
-    assert cache.get_seq_length() == 4 and cache.settle() == 6
-
-
-def test_cache_grows_past_its_room_keeping_what_it_holds():
-    cache = filled_cache(layers=1, length=4)
-    new = torch.full((1, 1, 5, 1), 7.0)
-    keys, _ = cache.update(new, new, 0)
-    assert keys.flatten().tolist() == [0, 1, 2, 3] + [7] * 5
-    assert cache.capacity >= 9
-
-
-def test_cache_keeps_one_slab_per_device_of_its_layers():
-    cache = filled_cache(layers=3, devices=[torch.device("cpu"), torch.device("meta"), torch.device("cpu")])
-    storage = [cache.stored(layer)[0].untyped_storage().data_ptr() for layer in range(3)]
-    assert storage[0] == storage[2] != storage[1]
 
 
 def test_causal_mask_for_pending_tokens_sees_cache_and_earlier_tokens():

@@ -30,7 +30,7 @@ from .commit import plan_commit
 from .device_tensors import host_values
 from .draft import Drafted
 from .grow import draft_own_trees, draft_rows
-from .kv_cache import RowCache
+from .kv_cache import PromptSlot
 from .prefill import Prefilled, Prefiller
 from .report import StepReport
 from .row_runner import RowRunner
@@ -158,14 +158,13 @@ class _Row:
 class BatchDecoder:
     """Lossless tree speculative decoding of many prompts, up to `batch_size` of them in flight at once.
 
-    One sequence is a batch of one (`batch_size` 1). `prefiller` runs the prompts that join on the pair's runners
-    (their caches are copied into the batch's) and gives the batch its policy, pruning and vocabulary limits; the
-    batch's forwards run compiled as those runners' models do, under the pair's guard.
+    One sequence is a batch of one (`batch_size` 1). `prefiller` holds the pair's runners, one per model: prompts that
+    join are written into their caches where their rows decode; it gives the batch its policy, pruning and vocabulary
+    limits. The batch's forwards run compiled as those runners' models do, under the pair's guard.
     """
 
     def __init__(self, prefiller: Prefiller):
         self.prefiller = prefiller
-        self._fixed_caches: list[RowCache | None] = [None, None]
         self.policy = prefiller.policy
         self.vocab_limit = prefiller.vocab_limit
         self.draft_input_limit = prefiller.draft_input_limit
@@ -255,14 +254,12 @@ class BatchDecoder:
             self._release()
 
     def _runners(self, batch_size: int) -> tuple[RowRunner, RowRunner]:
-        """The batch's target and draft runners for up to `batch_size` rows, compiled as the pair's runners are now
-        (eager once the pair fell back); compiled ones keep the last batch's cache buffers."""
-        made = []
-        for index, own in enumerate((self.prefiller.target, self.prefiller.draft)):
-            runner = RowRunner(own.adapter, batch_size, own.compiled, own.guard, own.role, self._fixed_caches[index])
-            self._fixed_caches[index] = runner.cache if runner.cache.fixed else None
-            made.append(runner)
-        return made[0], made[1]
+        """The pair's target and draft runners, each started on a batch of up to `batch_size` rows (compiled as the
+        pair runs now: eager once it fell back)."""
+        target, draft = self.prefiller.target, self.prefiller.draft
+        for runner in (target, draft):
+            runner.start(batch_size)
+        return target, draft
 
     def _check_compiled(self, rows: list[_Row], target: RowRunner, draft: RowRunner) -> None:
         """Check each model's compiled batched forwards against eager ones once (`RowRunner.check_compiled`), from the
@@ -317,11 +314,10 @@ class BatchDecoder:
         """Prefill the target over the requests' prompts in one left-padded forward (each row's pruning scores taken
         from its own rows of it), emit each first token, then prefill the draft over the prompts that go on in one
         forward too (each row keeping its own visual tokens) and take those rows in."""
-        single = self.prefiller
-        adapter, pruning = single.target.adapter, single.pruning
+        adapter, pruning = target.adapter, self.prefiller.pruning
         batch = adapter.join_rows([r.target_inputs for r in requests], 0)
-        length = batch["input_ids"].shape[1]
-        pads = [length - r.target_inputs["input_ids"].shape[1] for r in requests]
+        lengths = [r.target_inputs["input_ids"].shape[1] for r in requests]
+        pads = [batch["input_ids"].shape[1] - length for length in lengths]
         layouts = [None if pruning is None else adapter.visual_layout(r.target_inputs) for r in requests]
         prunes = [layout is not None and bool(layout.mask.any()) for layout in layouts]
         scorers = [
@@ -332,7 +328,8 @@ class BatchDecoder:
         ]
         started = time.perf_counter()
         with scoring(adapter, [s for s in scorers if s is not None]):
-            logits, positions = single.target.prefill_rows(batch)
+            room = max(r.settings.max_new_tokens for r in requests)
+            logits, prompts = target.prefill_rows(batch, lengths, room)
         seconds = (time.perf_counter() - started) / len(requests)
         admitted, going_on = [], []
         for b, request in enumerate(requests):
@@ -341,7 +338,7 @@ class BatchDecoder:
             scored = 0.0 if scorers[b] is None else scorers[b].seconds
             row.stats.phase_seconds["target_prefill"] += seconds - scored
             row.stats.phase_seconds["pruning"] += scored
-            row.stats.target_prefill_tokens = length - pads[b]
+            row.stats.target_prefill_tokens = lengths[b]
             first = request.settings.sampler.first(logits[b], row.sink.sequence)
             row.sink.emit(first[None], logits[b])
             if not row.sink.finished:
@@ -353,14 +350,11 @@ class BatchDecoder:
                 self._draft_keep(requests[b], layouts[b], scorers[b], admitted[b][1]) if prunes[b] else None
                 for b in going_on
             ]
-            starts, lengths = self.prefill_drafts(
-                [requests[b] for b in going_on], keeps, [admitted[b][1] for b in going_on]
-            )
+            drafts = self.prefill_drafts([requests[b] for b in going_on], keeps, [admitted[b][1] for b in going_on])
             for b in going_on:
-                offset = positions[b] - (length - pads[b])
-                target.append_row(single.target.cache, requests[b].settings.max_new_tokens, b, pads[b], offset)
-            for i, b in enumerate(going_on):
-                draft.append_row(single.draft.cache, requests[b].settings.max_new_tokens, i, starts[i], lengths[i])
+                target.take(prompts[b], requests[b].settings.max_new_tokens)
+            for prompt, b in zip(drafts, going_on, strict=True):
+                draft.take(prompt, requests[b].settings.max_new_tokens)
         return admitted
 
     def _draft_keep(
@@ -374,9 +368,9 @@ class BatchDecoder:
 
     def prefill_drafts(
         self, requests: list[RowRequest], keeps: list[torch.Tensor | None], rows: list[_Row]
-    ) -> tuple[list[int], list[int]]:
+    ) -> list[PromptSlot]:
         """Prefill the draft over the requests' prompts, each cut to its `keeps`, in one left-padded forward; returns
-        where each row's prompt starts in its cache row and how far its positions run past its cache indices."""
+        the prompts as written into the draft's cache."""
         draft = self.prefiller.draft
         batch = draft.adapter.join_rows([r.draft_inputs for r in requests], 0)
         width = batch["input_ids"].shape[1]
@@ -386,53 +380,54 @@ class BatchDecoder:
             keep = torch.zeros(batch["input_ids"].shape, dtype=torch.bool, device=batch["input_ids"].device)
             for b, (pad, own) in enumerate(zip(pads, keeps, strict=True)):
                 keep[b, pad:] = True if own is None else own
-        started = time.perf_counter()
-        _, positions = draft.prefill_rows(batch, keep)
-        seconds = (time.perf_counter() - started) / len(requests)
         counts = [width - pad for pad in pads] if keep is None else keep.sum(1).tolist()
+        room = max(r.settings.max_new_tokens for r in requests)
+        started = time.perf_counter()
+        _, prompts = draft.prefill_rows(batch, counts, room, keep)
+        seconds = (time.perf_counter() - started) / len(requests)
         for row, count in zip(rows, counts, strict=True):
             row.stats.phase_seconds["draft_prefill"] += seconds
             row.stats.draft_prefill_tokens = count
-        starts = [max(counts) - count for count in counts]
-        return starts, [position - count for position, count in zip(positions, counts, strict=True)]
+        return prompts
 
     def _admit(self, request: RowRequest, target: RowRunner, draft: RowRunner) -> _Row:
         """Prefill a request alone (both models, pruning by its own verifier scores), emit its first token and, unless
-        that ends it, take its caches into the batch. Requests sharing their inputs (several draws of one prompt, one
-        after another) share one prefill."""
+        that ends it, make its prompts rows of the batch's caches. Requests sharing their inputs (several draws of one
+        prompt, one after another) share one prefill while the caches hold its prompts (a draw copies them)."""
         single, settings = self.prefiller, request.settings
         row = _Row(request, self.policy.for_row())
         if row.sink.finished:
             return row
         timer = PhaseTimer(row.stats, single.target.device)
-        if self._shared is not None and self._shared[0] is request.target_inputs:
-            prefill = self._shared[1]
+        shared = self._shared
+        if shared is not None and shared[0] is request.target_inputs and shared[1].held:
+            prefill = shared[1]
         else:
             self._shared = None
             prefill = Prefilled(request.target_inputs, request.draft_inputs)
-            single.prefill_target(prefill, row.stats, timer)
+            single.prefill_target(prefill, settings.max_new_tokens, row.stats, timer)
             self._shared = (request.target_inputs, prefill)
         first = settings.sampler.first(prefill.logits, row.sink.sequence)
         row.sink.emit(first[None], prefill.logits)
         if row.sink.finished:
             return row
         if not prefill.drafted:
-            single.prefill_draft(prefill, row.stats, timer)
+            single.prefill_draft(prefill, settings.max_new_tokens, row.stats, timer)
         timer.collect(wait=True)
-        target.append(single.target, settings.max_new_tokens)
-        draft.append(single.draft, settings.max_new_tokens)
+        target.take(prefill.target_prompt, settings.max_new_tokens)
+        draft.take(prefill.draft_prompt, settings.max_new_tokens)
         row.pending = first[None].to(draft.device)
         return row
 
     def _release(self) -> None:
-        """Let go of the last prompt's caches (the batch-1 runners keep them only to share a prefill) and the last
-        batch's step tensors."""
+        """Let go of the batch's rows and caches (a fixed cache's buffers stay for the next batch's graphs), the last
+        prompt's shared prefill and the last batch's step tensors."""
         self._shared = None
         self._pending = self._eos = None
         self._tokens = RowTokens()
         self._strings = StringWindows()
-        self.prefiller.target.cache = None
-        self.prefiller.draft.cache = None
+        self.prefiller.target.release()
+        self.prefiller.draft.release()
 
     def _step(self, rows: list[_Row], target: RowRunner, draft: RowRunner, timer: PhaseTimer) -> None:
         """One step of every row, written once: plan and propose (`_propose`: every row's tree as `(B, N)` tensors; a

@@ -5,7 +5,7 @@ from __future__ import annotations
 from transformers import PreTrainedModel
 
 from ..errors import MemoryBudgetError
-from .prompt_cache import TREE_ROOM
+from .kv_cache import TREE_ROOM
 
 
 def kv_bytes_per_token(model: PreTrainedModel) -> int:

@@ -19,6 +19,7 @@ model at first use, its compiled forwards choose other tokens than its eager one
 from __future__ import annotations
 
 import logging
+import math
 import os
 import weakref
 from collections.abc import Callable
@@ -264,3 +265,11 @@ def row_bucket(rows: int) -> int:
     """The rows a compiled batched forward runs over for `rows` in flight: the next power of two, so a batch meets
     few distinct shapes as its rows finish."""
     return 1 << max(0, rows - 1).bit_length()
+
+
+def fixed_capacity(positions: int) -> int:
+    """A cache capacity of at least `positions` from a small set (eight sizes per doubling, multiples of 256), so
+    compiled forwards meet few distinct shapes and at most an eighth of the cache goes unused."""
+    power = 1 << max(0, math.ceil(math.log2(max(positions, 1))))
+    step = max(256, power // 16)
+    return -(-positions // step) * step

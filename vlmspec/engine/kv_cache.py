@@ -1,9 +1,10 @@
-"""The KV cache of a batch of sequences decoded together: one slab per device, each row with its own length.
+"""The KV cache of one model: every layer's keys and values in one slab per device, a slot per row the batch may
+hold, each row with its own length. A prompt pass writes new rows' keys straight into free slots (`PromptWriter`),
+and decoding forwards write at each row's end: a prompt's keys are written once, where its row decodes from.
 
 Rows are independent sequences: each holds its keys from index 0 up to its own length, and a forward writes every
-row's new keys at that row's length on. The slab has a slot per row the batch may hold; the rows in flight are the
-first slots, so forwards run over them alone. Keeping a step's accepted paths is one gather over all layers per
-device; a prefilled sequence is copied into the next free slot, and a finished row's slot takes the last row.
+row's new keys at that row's length on. The rows in flight are the first slots, so forwards run over them alone.
+Keeping a step's accepted paths is one gather over all layers per device; a finished row's slot takes the last row.
 
 A `fixed` cache serves compiled forwards: they run over a bucket of slots (`row_bucket`: the rows in flight rounded
 up to a power of two, the free slots feeding padding) and return every slot's keys up to a rounded capacity, so a
@@ -12,13 +13,44 @@ forward's shapes depend only on its bucket, its padded token count and the capac
 
 from __future__ import annotations
 
-import torch
-from transformers.cache_utils import Cache, CacheLayerMixin
+from collections.abc import Iterable
+from dataclasses import dataclass
 
-from .compiled import row_bucket
+import torch
+from transformers import DynamicCache, PretrainedConfig
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer, DynamicSlidingWindowLayer
+
+from .compiled import fixed_capacity, row_bucket
 from .device_tensors import arange, host_values
-from .prompt_cache import SlabCache, fixed_capacity
 from .schedule import compaction
+
+#: Room kept past the prompt and the token budget for a step's tree nodes and pending tokens.
+TREE_ROOM = 160
+
+
+def check_cache(config: PretrainedConfig) -> None:
+    """Tree decoding rewrites cache entries in place; sliding-window and quantised layers cannot be rewritten so."""
+    for layer in DynamicCache(config=config).layers:
+        if type(layer) is not DynamicLayer or isinstance(layer, DynamicSlidingWindowLayer):
+            raise NotImplementedError(
+                f"speculative decoding needs plain full-attention cache layers, got {type(layer).__name__}"
+            )
+
+
+@dataclass
+class PromptSlot:
+    """A prompt a pass wrote into a `RowCache`: the slots `held` hold its keys at indices 0 to `length` (the slot the
+    pass wrote and the rows that took it in, each until a later write takes it), and its token at index i sits at
+    position `i + offset`."""
+
+    held: list[int]
+    length: int
+    offset: int = 0
+
+    @property
+    def slot(self) -> int | None:
+        """The first slot holding the prompt, or None when no slot holds it any more."""
+        return min(self.held, default=None)
 
 
 class _RowLayer(CacheLayerMixin):
@@ -62,13 +94,15 @@ class _RowLayer(CacheLayerMixin):
 
 
 class RowCache(Cache):
-    """Keys and values of all layers for B rows, `(2 * layers there, B, kv heads, capacity, head dim)` per device.
+    """Keys and values of all layers for B rows, `(2 * layers there, slots, kv heads, capacity, head dim)` per device
+    (allocated at the first write, on the device the layer computes on).
 
-    `lengths` (host) are the rows' cached positions. Before a forward, `prepare(q)` sets where each row writes its
-    `q` fed tokens (from its length on; a row feeding fewer writes its padding past its own end, where nothing reads
-    it) and the span the forward attends over; `commit(counts)` takes the first `counts[b]` in. A `fixed` cache's
-    forwards run over `bucket` slots (free slots write at their own start, where nothing reads) and span its
-    `capacity`, which grows to rounded sizes only.
+    `lengths` (host) are the rows' cached positions. `writer(lengths, room)` is the cache a prompt pass over new rows
+    runs on, `take(prompt, room)` makes a written prompt a row. Before a forward, `prepare(q)` sets where each row
+    writes its `q` fed tokens (from its length on; a row feeding fewer writes its padding past its own end, where
+    nothing reads it) and the span the forward attends over; `commit(counts)` takes the first `counts[b]` in. A
+    `fixed` cache's forwards run over `bucket` slots (free slots write at their own start, where nothing reads) and
+    span its `capacity`, which grows to rounded sizes only.
     """
 
     def __init__(
@@ -88,6 +122,7 @@ class RowCache(Cache):
         self.bucket = 0
         self.starts: torch.Tensor | None = None
         self._views: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._written: list[PromptSlot] = []
         if fixed and reuse is not None and reuse.fixed and reuse.layer_devices == self.layer_devices:
             # Compiled forwards (CUDA graphs above all) keep running on the same buffers from batch to batch.
             self._slabs, self._views, self.capacity = reuse._slabs, reuse._views, reuse.capacity
@@ -103,6 +138,68 @@ class RowCache(Cache):
         place, rows = 2 * self._place[index], self.rows
         return slab[place, :rows], slab[place + 1, :rows]
 
+    def slot_slab(self, index: int, like: torch.Tensor, first: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer `index`'s full-capacity keys and values of slots `first` to `first + count`, `(count, kv heads,
+        capacity, head dim)`; the layer's device gets its slab at the first write, shaped and placed as `like`
+        `(B, kv heads, q, head dim)` (an offloaded layer's keys arrive where it computes)."""
+        device = self.layer_devices[index]
+        slab = self._slabs.get(device)
+        if slab is None:
+            shape = (2 * len(self._members[device]), self.slots, like.shape[1], self.capacity, like.shape[3])
+            slab = self._slabs[device] = like.new_zeros(shape)
+            self._views = {}
+        place = 2 * self._place[index]
+        return slab[place, first : first + count], slab[place + 1, first : first + count]
+
+    def writer(self, lengths: list[int], room: int) -> PromptWriter:
+        """The cache a prompt pass over new rows of `lengths` tokens runs on (a left-padded batch is as wide as its
+        longest), each with `room` more positions to come: they go to the free slots from `rows` on, room reserved
+        first. What those slots held is gone."""
+        first = self.rows
+        self.reserve(max(lengths) + room)
+        self._grow_slots(first + len(lengths))
+        self._forget(range(first, first + len(lengths)))
+        return PromptWriter(self, first, lengths)
+
+    def written(self, prompts: list[PromptSlot]) -> list[PromptSlot]:
+        """Follow `prompts` (a pass's) as rows move, until a later write takes their slots; returns them. A later
+        pass's prompts take their place."""
+        self._forget(range(self.slots))
+        self._written = prompts
+        return prompts
+
+    def take(self, prompt: PromptSlot, room: int) -> int:
+        """Take in a written prompt as a new last row with `room` more positions to come: in place, or copied from a
+        slot that holds it (a free one its pass wrote, or another row's: draws of one prompt share its pass). Returns
+        its row."""
+        row, source = self.rows, prompt.slot
+        self.reserve(prompt.length + room)
+        if source != row:
+            self._grow_slots(row + 1)
+            self._forget([row])
+            for slab in self._slabs.values():
+                slab[:, row, :, : prompt.length].copy_(slab[:, source, :, : prompt.length])
+            prompt.held.append(row)
+        self.lengths.append(prompt.length)
+        return row
+
+    def _forget(self, slots: Iterable[int]) -> None:
+        """The followed prompts' copies in `slots` are overwritten."""
+        taken = set(slots)
+        for prompt in self._written:
+            prompt.held = [slot for slot in prompt.held if slot not in taken]
+
+    def _grow_slots(self, slots: int) -> None:
+        """Make room for `slots` slots (a fixed cache for its bucket), keeping what every slot holds."""
+        if slots <= self.slots:
+            return
+        self.slots = row_bucket(slots) if self.fixed else slots
+        self._views = {}
+        for device, slab in self._slabs.items():
+            grown = slab.new_zeros(slab.shape[0], self.slots, *slab.shape[2:])
+            grown[:, : slab.shape[1]].copy_(slab)
+            self._slabs[device] = grown
+
     def prepare(self, q: int) -> None:
         """Make room for `q` more tokens in every row and point the next forward's writes at the rows' ends (a fixed
         cache's free slots of the bucket at their own start). `starts` (B or bucket,) are those ends."""
@@ -113,6 +210,7 @@ class RowCache(Cache):
         if self.fixed:
             self.bucket = row_bucket(self.rows)
             lengths = lengths + [0] * (self.bucket - self.rows)
+            self._forget(range(self.rows, self.bucket))
         self.starts = host_values(lengths, device)
         write = self.starts[:, None] + arange(q, device)
         writes = {d: write.to(d) for d in self._slabs}
@@ -146,42 +244,18 @@ class RowCache(Cache):
         self.lengths = [length + count for length, count in zip(self.lengths, counts, strict=True)]
 
     def reserve(self, end: int) -> None:
-        """Grow every slab (by doubling at least, a fixed one to a rounded size) so each row can hold `end`
-        positions."""
+        """Grow every slab (by doubling at least, a fixed one to a rounded size) so each slot can hold `end`
+        positions, keeping the rows and the followed prompts."""
         if end <= self.capacity:
             return
         capacity = fixed_capacity(end) if self.fixed else max(end, 2 * self.capacity)
         self._views = {}
+        used = max([self.rows, *(slot + 1 for prompt in self._written for slot in prompt.held)])
         for device, slab in self._slabs.items():
-            slab = slab[:, : self.rows]
-            grown = slab.new_zeros(slab.shape[0], self.slots, slab.shape[2], capacity, slab.shape[4])
-            grown[:, : self.rows, :, : self.capacity].copy_(slab)
+            grown = slab.new_zeros(*slab.shape[:3], capacity, slab.shape[4])
+            grown[:, :used, :, : self.capacity].copy_(slab[:, :used])
             self._slabs[device] = grown
         self.capacity = capacity
-
-    def append(self, source: SlabCache, room: int, source_row: int = 0, start: int = 0) -> int:
-        """Take in a prefilled sequence as a new last row with `room` more positions to come: row `source_row` of
-        `source` from position `start` on (a left-padded batch's row starts after its padding). Returns its row."""
-        length, row = source.length - start, self.rows
-        self.reserve(length + room)
-        for device, slab in source._slabs.items():
-            own = self._slabs.get(device)
-            if own is None or own.shape[1] <= row:
-                own = self._slabs[device] = self._with_slots(own, slab, max(self.slots, row + 1))
-            own[:, row, :, :length].copy_(slab[:, source_row, :, start : start + length])
-        self.lengths.append(length)
-        return row
-
-    def _with_slots(self, own: torch.Tensor | None, like: torch.Tensor, slots: int) -> torch.Tensor:
-        """A slab with `slots` rows at the current capacity, holding `own`'s rows."""
-        slots = row_bucket(slots) if self.fixed else slots
-        shape = (like.shape[0], slots, like.shape[2], self.capacity, like.shape[4])
-        grown = like.new_zeros(shape)
-        if own is not None:
-            grown[:, : own.shape[1]].copy_(own)
-        self.slots = slots
-        self._views = {}
-        return grown
 
     def drop(self, rows: list[int]) -> list[int]:
         """Remove `rows` (finished sequences) so later forwards cost nothing for them: each freed slot takes the last
@@ -192,6 +266,9 @@ class RowCache(Cache):
             for slab in self._slabs.values():
                 slab[:, slot, :, : lengths[source]].copy_(slab[:, source, :, : lengths[source]])
             lengths[slot] = lengths[source]
+            self._forget([slot])
+            for prompt in self._written:
+                prompt.held = [slot if held == source else held for held in prompt.held]
         self.lengths = [self.lengths[b] for b in order]
         return order
 
@@ -212,3 +289,81 @@ class RowCache(Cache):
                 r, s, t = rows.to(slab.device), source.to(slab.device), target.to(slab.device)
                 view[t, r] = view[s, r]  # advanced indexing copies: the sources are read before any is written
         self.lengths = [start + count for start, count in zip(starts, counts, strict=True)]
+
+
+class _PromptLayer(CacheLayerMixin):
+    """One layer of a `PromptWriter`: writes the pass's keys and values into the new rows' slots."""
+
+    is_sliding = False
+    is_compileable = False
+
+    def __init__(self, writer: PromptWriter, index: int):
+        super().__init__()
+        self.writer = writer
+        self.index = index
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.is_initialized = True
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self.is_initialized = True
+        return self.writer.write(self.index, key_states, value_states)
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return query_length, 0
+
+    def get_seq_length(self) -> int:
+        return 0
+
+    def get_max_length(self) -> int:
+        return self.writer.cache.capacity
+
+
+class PromptWriter(Cache):
+    """The cache one prompt pass (a single forward) over new rows runs on: it writes row b's keys into slot
+    `first + b` of `cache`, at indices 0 to `lengths[b]`, and nowhere else.
+
+    A left-padded batch feeds W tokens a row, row b's first `W - lengths[b]` padding: they are written after the
+    row's own tokens (row b's token t at index `(t - pad) mod W`), where its decoding overwrites them before it reads
+    there, so the rows need no moving after the pass.
+    """
+
+    def __init__(self, cache: RowCache, first: int, lengths: list[int]):
+        super().__init__(layers=[_PromptLayer(self, i) for i in range(len(cache.layer_devices))])
+        self.cache = cache
+        self.first = first
+        self.lengths = lengths
+        self._rolls: dict[torch.device, torch.Tensor] = {}
+
+    def write(self, index: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write layer `index`'s `keys` and `values` `(B, kv heads, W, head dim)` into the rows' slots; returns what
+        the pass attends over: the stored keys and values when no row is padded, else `keys` and `values`."""
+        stored_keys, stored_values = self.cache.slot_slab(index, keys, self.first, keys.shape[0])
+        width = keys.shape[2]
+        if all(length == width for length in self.lengths):
+            stored_keys[:, :, :width].copy_(keys)
+            stored_values[:, :, :width].copy_(values)
+            return stored_keys[:, :, :width], stored_values[:, :, :width]
+        roll = self._roll(width, keys.device)[:, None, :, None].expand_as(keys)
+        stored_keys.scatter_(2, roll, keys)
+        stored_values.scatter_(2, roll, values)
+        return keys, values
+
+    def _roll(self, width: int, device: torch.device) -> torch.Tensor:
+        """Where each row's fed tokens go, `(B, W)`: token t of row b at `(t - pad_b) mod W` (made once per
+        device)."""
+        roll = self._rolls.get(device)
+        if roll is None:
+            pads = host_values([width - length for length in self.lengths], device)
+            roll = self._rolls[device] = (arange(width, device)[None, :] - pads[:, None]) % width
+        return roll
+
+    def prompts(self, offsets: list[int]) -> list[PromptSlot]:
+        """The rows' prompts as written, row b's positions `offsets[b]` past its indices; the cache follows them."""
+        written = [
+            PromptSlot([self.first + b], length, offset)
+            for b, (length, offset) in enumerate(zip(self.lengths, offsets, strict=True))
+        ]
+        return self.cache.written(written)

@@ -11,32 +11,45 @@ import torch
 from ..adapters import VisualLayout
 from ..policies import TreePolicy
 from ..pruning import PruningConfig, VerifierScores
-from .prompt_runner import ModelRunner
+from .kv_cache import PromptSlot
+from .row_runner import RowRunner
 from .stats import PhaseTimer, SpecStats
 
 
 class Prefilled:
-    """What both models' prompt passes leave behind: the target's last logits and the pruning that shaped the draft's
-    prompt. Draws of one prompt admitted one after another share it (`drafted` says the draft's pass ran)."""
+    """What both models' prompt passes leave behind: the target's last logits, the pruning that shaped the draft's
+    prompt and where each model's cache holds the prompt (`target_prompt`, `draft_prompt`: None before its pass).
+    Draws of one prompt admitted one after another share it while their caches still hold it (`held`)."""
 
     def __init__(self, target_inputs: dict[str, Any], draft_inputs: dict[str, Any]):
         self.target_inputs = target_inputs
         self.draft_inputs = draft_inputs
         self.logits = torch.empty(0)
-        self.drafted = False
+        self.target_prompt: PromptSlot | None = None
+        self.draft_prompt: PromptSlot | None = None
         self.prune = False
         self.layout: VisualLayout | None = None
         self.scores: torch.Tensor | None = None
 
+    @property
+    def drafted(self) -> bool:
+        """Whether the draft's cache holds the draft's prompt (its pass ran and no later write took its slot)."""
+        return self.draft_prompt is not None and self.draft_prompt.slot is not None
+
+    @property
+    def held(self) -> bool:
+        """Whether the target's cache still holds the prompt, for another draw to take."""
+        return self.target_prompt is not None and self.target_prompt.slot is not None
+
 
 class Prefiller:
-    """Prefills one prompt at a time for a pair (on the pair's target and draft runners, whose caches the batch takes
-    its rows from), and holds what the pair decodes under: its policy, pruning and vocabulary limits."""
+    """Prefills one prompt at a time for a pair (into the caches of the pair's target and draft runners, which decode
+    the batch's rows), and holds what the pair decodes under: its policy, pruning and vocabulary limits."""
 
     def __init__(
         self,
-        target: ModelRunner,
-        draft: ModelRunner,
+        target: RowRunner,
+        draft: RowRunner,
         policy: TreePolicy,
         vocab_limit: int,
         pruning: PruningConfig | None = None,
@@ -49,8 +62,9 @@ class Prefiller:
         self.vocab_limit = vocab_limit
         self.draft_input_limit = draft_input_limit or vocab_limit
 
-    def prefill_target(self, prefill: Prefilled, stats: SpecStats, timer: PhaseTimer) -> None:
-        """Run the target over the prompt, scoring the visual tokens for the draft's pruning on the way."""
+    def prefill_target(self, prefill: Prefilled, room: int, stats: SpecStats, timer: PhaseTimer) -> None:
+        """Run the target over the prompt (with room for `room` new tokens), scoring the visual tokens for the draft's
+        pruning on the way."""
         target, pruning = self.target, self.pruning
         with timer("pruning"):
             layout = target.adapter.visual_layout(prefill.target_inputs) if pruning is not None else None
@@ -58,8 +72,8 @@ class Prefiller:
             verifier = prefill.prune and pruning.method == "verifier"
             scorer = VerifierScores(target.adapter, layout, pruning.layers) if verifier else None
         with timer("target_prefill"), scorer or nullcontext():
-            prefill.logits = target.prefill(prefill.target_inputs)
-        stats.target_prefill_tokens = target.length
+            prefill.logits, prefill.target_prompt = target.prefill(prefill.target_inputs, room)
+        stats.target_prefill_tokens = prefill.target_prompt.length
         if scorer is not None:
             stats.phase_seconds["target_prefill"] -= scorer.seconds
             stats.phase_seconds["pruning"] += scorer.seconds
@@ -73,14 +87,14 @@ class Prefiller:
         has_video = self.target.adapter.has_video(target_inputs)
         return self.pruning.keep_mask(layout, has_video, scores).to(self.draft.device)
 
-    def prefill_draft(self, prefill: Prefilled, stats: SpecStats, timer: PhaseTimer) -> None:
-        """Run the draft over the prompt, keeping only the visual tokens pruning leaves it."""
+    def prefill_draft(self, prefill: Prefilled, room: int, stats: SpecStats, timer: PhaseTimer) -> None:
+        """Run the draft over the prompt (with room for `room` new tokens), keeping only the visual tokens pruning
+        leaves it."""
         draft = self.draft
         keep = None
         if prefill.prune:
             with timer("pruning"):
                 keep = self.draft_keep(prefill.target_inputs, prefill.layout, prefill.scores)
         with timer("draft_prefill"):
-            draft.prefill(prefill.draft_inputs, keep)
-        prefill.drafted = True
-        stats.draft_prefill_tokens = draft.length
+            _, prefill.draft_prompt = draft.prefill(prefill.draft_inputs, room, keep)
+        stats.draft_prefill_tokens = prefill.draft_prompt.length

@@ -1,8 +1,10 @@
-"""One model decoding B sequences together: every row feeds its own tokens, one forward runs them all."""
+"""One model's runner: its prompt passes write new rows into its cache, and its decoding forwards run every row
+together (each feeding its own tokens)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -10,32 +12,32 @@ from ..adapters import ModelAdapter
 from ..attention import tree_attention
 from .compiled import CHECK_TOKENS, CompileGuard, GuardedRunner, padded_size, padded_sizes
 from .device_tensors import arange, host_values
-from .kv_cache import RowCache
-from .prompt_cache import TREE_ROOM, SlabCache
-from .prompt_runner import ModelRunner
+from .kv_cache import TREE_ROOM, PromptSlot, RowCache, check_cache
 
 
 class RowRunner(GuardedRunner):
-    """A model over a `RowCache`: rows come in prefilled (from a batch-1 `ModelRunner`), feed padded forwards together
-    and leave when finished. The token at row b's cache index i sits at position `i + offsets[b]`.
+    """A model over one `RowCache`: a prompt pass (`prefill`, or `prefill_rows` for a left-padded batch) writes new
+    rows' keys into free slots, `take` makes them rows, the rows feed padded forwards together and leave when
+    finished. The token at row b's cache index i sits at position `i + offsets[b]` (M-RoPE prompts end beyond their
+    length, pruned ones short).
 
-    With `compiled` (the model under `torch.compile`) every forward runs fixed-shape through it: the rows padded to
-    their bucket (`row_bucket`), the tokens to a padded size, the mask over the cache's rounded capacity. `guard` (the
-    pair's) decides what a compiled forward that fails does: raise, or turn the pair eager and run it again eager.
-    A compiled runner takes the buffers of the last batch's cache (`reuse`), so its graphs keep their addresses.
+    With `compiled` (the model under `torch.compile`) every decoding forward runs fixed-shape through it: the rows
+    padded to their bucket (`row_bucket`), the tokens to a padded size, the mask over the cache's rounded capacity;
+    prompt passes run eager. `guard` (the pair's) decides what a compiled forward that fails does: raise, or turn the
+    pair eager and run it again eager. Each batch (`start`) takes the last batch's fixed buffers, so compiled graphs
+    keep their addresses.
     """
 
     def __init__(
         self,
         adapter: ModelAdapter,
-        slots: int = 1,
         compiled: Callable | None = None,
         guard: CompileGuard | None = None,
         role: str = "model",
-        reuse: RowCache | None = None,
     ):
         super().__init__(adapter, compiled, guard, role)
-        self.cache = RowCache(adapter.layer_devices(), slots, fixed=compiled is not None, reuse=reuse)
+        check_cache(adapter.model.config)
+        self.cache = RowCache(adapter.layer_devices(), fixed=compiled is not None)
         self.offsets: list[int] = []
         self._offsets: tuple[list[int], torch.Tensor] | None = None
         self._eager = False
@@ -49,17 +51,50 @@ class RowRunner(GuardedRunner):
     def lengths(self) -> list[int]:
         return self.cache.lengths
 
-    def append(self, prefilled: ModelRunner, room: int) -> int:
-        """Take in the sequence `prefilled` holds (its cache and positions), with `room` more tokens (and a tree's) to
-        come; returns its row."""
-        self.offsets.append(prefilled.offset)
-        return self.cache.append(prefilled.cache, room + TREE_ROOM)
+    def start(self, slots: int) -> None:
+        """Begin a batch of up to `slots` rows on an empty cache, fixed while the model runs compiled (keeping the
+        last fixed cache's buffers); the last batch's rows are gone."""
+        self.refresh()
+        fixed = self.compiled is not None
+        self.cache = RowCache(self.adapter.layer_devices(), slots, fixed=fixed, reuse=self.cache)
+        self.offsets, self._offsets = [], None
 
-    def append_row(self, cache: SlabCache, room: int, row: int, start: int, offset: int) -> int:
-        """Take in row `row` of a batched prefill's `cache` (its prompt from `start` on, its positions `offset` past
-        its cache indices), with `room` more tokens (and a tree's) to come; returns its row here."""
-        self.offsets.append(offset)
-        return self.cache.append(cache, room + TREE_ROOM, row, start)
+    def release(self) -> None:
+        """Let go of the rows and their keys (a fixed cache's buffers stay for the next batch's graphs)."""
+        self.start(1)
+
+    def prefill(
+        self, inputs: dict[str, Any], room: int, keep: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, PromptSlot]:
+        """Run one prompt (only its `keep` tokens, if given) into the next free slot, with room for `room` more tokens
+        (and a tree's); returns the last prompt token's logits and the prompt as written, for `take`."""
+        self.refresh()
+        length = inputs["input_ids"].shape[1] if keep is None else int(keep.sum())
+        writer = self.cache.writer([length], room + TREE_ROOM)
+        with tree_attention(self.adapter.language_model.config):
+            result = self.adapter.prefill(inputs, writer, keep)
+        (prompt,) = writer.prompts([result.next_position - result.length])
+        return result.last_logits.to(self.device), prompt
+
+    def prefill_rows(
+        self, inputs: dict[str, Any], lengths: list[int], room: int, keep: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, list[PromptSlot]]:
+        """Run a left-padded batch of prompts, row b's `lengths[b]` tokens long, into as many free slots, with room
+        for `room` more tokens (and a tree's) each; returns each row's last-token logits `(B, V)` and the prompts as
+        written, for `take`. With `keep` (B, L) bool only the kept tokens run, left-padded again to the most any row
+        keeps (`lengths` then counts them)."""
+        self.refresh()
+        writer = self.cache.writer(lengths, room + TREE_ROOM)
+        with tree_attention(self.adapter.language_model.config):
+            logits, positions = self.adapter.prefill_rows(inputs, writer, keep)
+        offsets = [position - length for position, length in zip(positions, lengths, strict=True)]
+        return logits.to(self.device), writer.prompts(offsets)
+
+    def take(self, prompt: PromptSlot, room: int) -> int:
+        """Take in a prompt a pass wrote (or that a row holds: draws of one prompt) as a new row, with `room` more
+        tokens (and a tree's) to come; returns its row."""
+        self.offsets.append(prompt.offset)
+        return self.cache.take(prompt, room + TREE_ROOM)
 
     def discard(self, rows: int) -> None:
         """Forget every row from index `rows` on (what a failed admission may have left)."""
