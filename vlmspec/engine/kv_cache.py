@@ -53,23 +53,31 @@ class PromptSlot:
         return min(self.held, default=None)
 
 
-class _RowLayer(CacheLayerMixin):
-    """One layer of a `RowCache`: writes each row's new keys at that row's write positions (`write`, set by
-    `RowCache.prepare`), returns the keys up to the forward's span (the longest row's end), or a fixed cache's
-    whole bucket of slots (`bound`)."""
+class _SlabLayer(CacheLayerMixin):
+    """One layer `index` of a cache whose keys and values live in a `RowCache`'s slabs (full attention, rewritten in
+    place, so neither sliding nor compileable as transformers' own layers are)."""
 
     is_sliding = False
     is_compileable = False
 
-    def __init__(self, cache: RowCache, index: int):
+    def __init__(self, index: int):
         super().__init__()
-        self.cache = cache
         self.index = index
-        self.write: torch.Tensor | None = None
-        self.bound: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.is_initialized = True
+
+
+class _RowLayer(_SlabLayer):
+    """One layer of a `RowCache`: writes each row's new keys at that row's write positions (`write`, set by
+    `RowCache.prepare`), returns the keys up to the forward's span (the longest row's end), or a fixed cache's
+    whole bucket of slots (`bound`)."""
+
+    def __init__(self, cache: RowCache, index: int):
+        super().__init__(index)
+        self.cache = cache
+        self.write: torch.Tensor | None = None
+        self.bound: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
@@ -291,19 +299,12 @@ class RowCache(Cache):
         self.lengths = [start + count for start, count in zip(starts, counts, strict=True)]
 
 
-class _PromptLayer(CacheLayerMixin):
+class _PromptLayer(_SlabLayer):
     """One layer of a `PromptWriter`: writes the pass's keys and values into the new rows' slots."""
 
-    is_sliding = False
-    is_compileable = False
-
     def __init__(self, writer: PromptWriter, index: int):
-        super().__init__()
+        super().__init__(index)
         self.writer = writer
-        self.index = index
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        self.is_initialized = True
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
