@@ -34,6 +34,7 @@ from .kv_cache import PromptSlot
 from .prefill import Prefilled, Prefiller
 from .report import StepReport
 from .row_runner import RowRunner
+from .rows import RowsInFlight
 from .rows_step import (
     RowsDrafted,
     RowSequences,
@@ -46,7 +47,6 @@ from .rows_step import (
 from .schedule import Admission, Arrivals
 from .sequence import DecodeSettings, TokenSink
 from .stats import PhaseTimer, SpecStats, StepRecord
-from .stopping import StringWindows
 from .tree import DraftTree, TreeRows, rank_tree_shape, with_edges
 
 
@@ -139,11 +139,19 @@ class _Row:
         self.pending: torch.Tensor | None = None
         self.missed: list[int] = []
 
-    def catch_up(self, device: torch.device) -> None:
-        """Put the tokens plain steps emitted after the draft's `pending` ones, to be fed at its next forward."""
-        if self.missed:
-            self.pending = torch.cat([self.pending, host_values(self.missed, device)])
-            self.missed = []
+    @property
+    def positions(self) -> int:
+        """The most positions its sequence can reach (prompt and token budget)."""
+        return self.request.positions
+
+    def catch_up(self, device: torch.device) -> bool:
+        """Put the tokens plain steps emitted after the draft's `pending` ones, to be fed at its next forward; says
+        whether there were any."""
+        if not self.missed:
+            return False
+        self.pending = torch.cat([self.pending, host_values(self.missed, device)])
+        self.missed = []
+        return True
 
     def result(self) -> RowResult:
         self.sink.close()
@@ -170,11 +178,6 @@ class BatchDecoder:
         self.draft_input_limit = prefiller.draft_input_limit
         self.stats = SpecStats()
         self._shared: tuple[dict[str, Any], Prefilled] | None = None
-        self._pending: tuple[list[torch.Tensor], torch.Tensor, list[int]] | None = None
-        self._tokens = RowTokens()
-        self._strings = StringWindows()
-        self._eos: tuple[list[torch.Tensor], torch.Tensor] | None = None
-        self._alone = False
 
     def run(
         self,
@@ -193,9 +196,9 @@ class BatchDecoder:
         as a batch's row (`plan_batch`); so does a greedy row whenever it is the only one in flight.
         """
         admission = Admission(requests, batch_size, admit)
-        self._alone = batch_size == 1
         target, draft = self._runners(batch_size)
         rows: list[_Row] = []
+        state: RowsInFlight | None = None
         self.stats = SpecStats()
         timer = PhaseTimer(self.stats, target.device)
         try:
@@ -214,19 +217,24 @@ class BatchDecoder:
                         rows.append(admitted)
                 if len(rows) > joined:
                     self._check_compiled(rows, target, draft)
+                    state = None
                 if not rows:
                     if admission.exhausted:
                         timer.collect(wait=True)
                         return
                     # Every prompt admitted this round finished at its prefill (or failed): admit the next ones.
                     continue
-                self._step(rows, target, draft, timer)
+                if state is None:
+                    # Rows joined or left: the state is made anew from the rows in flight.
+                    state = RowsInFlight.of(rows, batch_size == 1, target.device)
+                self._step(state, target, draft, timer)
                 done = [b for b, row in enumerate(rows) if row.sink.finished or row.request.cancelled]
                 if done:
                     order = target.drop(done)
                     draft.drop(done)
                     finished = [rows[b] for b in done]
                     rows = [rows[b] for b in order]
+                    state = None
                     for row in finished:
                         result = row.result()
                         if not row.sink.finished:
@@ -420,24 +428,23 @@ class BatchDecoder:
         return row
 
     def _release(self) -> None:
-        """Let go of the batch's rows and caches (a fixed cache's buffers stay for the next batch's graphs), the last
-        prompt's shared prefill and the last batch's step tensors."""
+        """Let go of the batch's rows and caches (a fixed cache's buffers stay for the next batch's graphs) and the
+        last prompt's shared prefill."""
         self._shared = None
-        self._pending = self._eos = None
-        self._tokens = RowTokens()
-        self._strings = StringWindows()
         self.prefiller.target.release()
         self.prefiller.draft.release()
 
-    def _step(self, rows: list[_Row], target: RowRunner, draft: RowRunner, timer: PhaseTimer) -> None:
+    def _step(self, state: RowsInFlight, target: RowRunner, draft: RowRunner, timer: PhaseTimer) -> None:
         """One step of every row, written once: plan and propose (`_propose`: every row's tree as `(B, N)` tensors; a
         row that drafts nothing proposes its root alone), verify (one target forward over every row's tree), accept
         (on the device, one read), then commit both caches and let every row's policy observe the step (a plain step
-        commits nothing to the draft, which catches up when it next drafts)."""
+        commits nothing to the draft, which catches up when it next drafts). `state` holds the rows in flight and
+        is moved on explicitly: the commit's pending tokens, then the emitted tokens."""
         step_started = time.perf_counter()
+        rows = state.rows
         samples = [row.settings.sampler.do_sample for row in rows]
         plain = self.policy.drafting([row.policy for row in rows], samples, [row.sink.room for row in rows])
-        proposal = self._propose(rows, plain, samples, target, draft, timer)
+        proposal = self._propose(state, plain, samples, target, draft, timer)
         with timer("verification"):
             start = proposal.start
             if start is None:
@@ -445,7 +452,7 @@ class BatchDecoder:
             trees = proposal.trees
             logits = target.forward_rows(trees.tokens, trees.depths, start, proposal.visible, proposal.sizes)
         with timer("acceptance"):
-            accepted = self._accept(rows, proposal, logits)
+            accepted = self._accept(state, proposal, logits)
             timer.collect()
             self._judge_on_host(rows, accepted, logits)
         if proposal.plans is None:
@@ -453,7 +460,7 @@ class BatchDecoder:
         else:
             with timer("tree_update"):
                 starts = (proposal.target_starts, proposal.draft_starts, proposal.fed)
-                self._commit(rows, accepted.reports, proposal.drafted, target, draft, *starts)
+                state.committed(*self._commit(accepted.reports, proposal.drafted, target, draft, *starts))
             drafted = proposal.drafted
             carried = (len(rows) * trees.size, drafted.forwards, drafted.fed_tokens)
             tokens = list(accepted.tokens)
@@ -470,11 +477,11 @@ class BatchDecoder:
                 plain,
                 on_device=proposal.kept is Kept.SINKS,
             )
-        self._advance(accepted, proposal.kept)
+        state.advance(accepted.tokens, [report.count for report in accepted.reports])
 
     def _propose(
         self,
-        rows: list[_Row],
+        state: RowsInFlight,
         plain: list[str | None],
         samples: list[bool],
         target: RowRunner,
@@ -485,12 +492,12 @@ class BatchDecoder:
         of rank paths grown for all rows at once when every row drafts it under one rule; else each row's own tree,
         grown together by each row's plan's level rule."""
         if None not in plain:
-            return self._propose_roots(rows, target, timer)
-        for row in rows:
-            row.catch_up(draft.device)
+            return self._propose_roots(state, target, timer)
+        rows = state.rows
+        pending = state.drafting(draft.device)
         depths = [0 if why is not None else row.sink.room - 1 for row, why in zip(rows, plain, strict=True)]
         sampling = set(samples)
-        if self._alone or (len(rows) == 1 and True not in sampling):
+        if state.alone or (len(rows) == 1 and True not in sampling):
             # A row decoding alone plans as one sequence does, also in a batch whose other rows have finished (or not
             # arrived): a greedy row's tree changes no token. A sampled row in a batch keeps the batch's plan, so that
             # its seeded draws do not depend on what else happens to be in flight.
@@ -498,14 +505,15 @@ class BatchDecoder:
         else:
             plans = self.policy.plan_batch([row.policy for row in rows], timed=True not in sampling)
         if _shared_paths(plans) and len(sampling) == 1:
-            return self._propose_rank_tree(rows, plans[0], depths, target, draft, timer)
-        return self._propose_own_trees(rows, plans, depths, target, draft, timer)
+            return self._propose_rank_tree(state, pending, plans[0], depths, target, draft, timer)
+        return self._propose_own_trees(state, pending, plans, depths, target, draft, timer)
 
-    def _propose_roots(self, rows: list[_Row], target: RowRunner, timer: PhaseTimer) -> Proposal:
+    def _propose_roots(self, state: RowsInFlight, target: RowRunner, timer: PhaseTimer) -> Proposal:
         """No row drafts: each row's last token alone, which the target's forward turns into its next token as
         `generate`'s step does. Nothing runs on the draft: the tokens are its `missed` ones, fed when it next drafts."""
+        rows = state.rows
         samplers = [row.settings.sampler for row in rows]
-        sequences, _, kept = self._row_sequences(rows, [None] * len(rows), samplers, target.device)
+        sequences, _, kept = self._row_sequences(state, [None] * len(rows), samplers, target.device)
         target_starts = list(target.lengths)
         with timer("verification"):
             held = host_values([row.sink.last_token for row in rows] + target_starts, target.device)
@@ -516,7 +524,8 @@ class BatchDecoder:
 
     def _propose_rank_tree(
         self,
-        rows: list[_Row],
+        state: RowsInFlight,
+        pending: tuple[torch.Tensor, list[int]],
         plan: TreePlan,
         depths: list[int],
         target: RowRunner,
@@ -524,12 +533,12 @@ class BatchDecoder:
         timer: PhaseTimer,
     ) -> Proposal:
         """Every row drafts the tree `plan` (`draft_rows`), row b at most `depths[b]` levels: a fixed number of
-        operations over all rows per tree level."""
-        pending, counts = self._pending_rows(rows, draft.device)
+        operations over all rows per tree level, fed first each row's `pending` tokens ((B, P) and counts)."""
+        rows, (pending, counts) = state.rows, pending
         draft_starts, target_starts = list(draft.lengths), list(target.lengths)
         processings = [row.settings.draft_processing for row in rows]
         samplers = [row.settings.sampler for row in rows]
-        sequences, draft_sequences, kept = self._row_sequences(rows, processings, samplers, target.device)
+        sequences, draft_sequences, kept = self._row_sequences(state, processings, samplers, target.device)
         with timer("drafting"):
             shape = rank_tree_shape(plan.paths, draft.device)
             drafted = draft_rows(
@@ -555,7 +564,8 @@ class BatchDecoder:
 
     def _propose_own_trees(
         self,
-        rows: list[_Row],
+        state: RowsInFlight,
+        pending: tuple[torch.Tensor, list[int]],
         plans: list[TreePlan],
         depths: list[int],
         target: RowRunner,
@@ -563,14 +573,24 @@ class BatchDecoder:
         timer: PhaseTimer,
     ) -> Proposal:
         """Every row drafts a tree of its own structure, all grown together by each row's plan's level rule
-        (`draft_own_trees`), padded to the largest, each row's real nodes counted."""
+        (`draft_own_trees`), padded to the largest, each row's real nodes counted, fed first each row's `pending`
+        tokens ((B, P) and counts)."""
+        rows, fed = state.rows, pending[1]
         samplers = [row.settings.sampler for row in rows]
         processings = [row.settings.draft_processing for row in rows]
-        sequences, draft_sequences, kept = self._row_sequences(rows, processings, samplers, target.device)
+        sequences, draft_sequences, kept = self._row_sequences(state, processings, samplers, target.device)
         draft_starts, target_starts = list(draft.lengths), list(target.lengths)
-        fed = [row.pending.shape[0] for row in rows]
         with timer("drafting"):
-            stacked = self._draft_own(rows, plans, depths, draft, processings, draft_sequences)
+            stacked = draft_own_trees(
+                draft,
+                plans,
+                *pending,
+                depths,
+                self.vocab_limit,
+                self.draft_input_limit,
+                processings,
+                draft_sequences,
+            )
             grown = [stacked.row(b) for b in range(len(rows))]
         trees = stacked.trees.to(target.device)
         visible = with_edges(trees.ancestors)
@@ -578,8 +598,10 @@ class BatchDecoder:
             stacked, trees, visible, stacked.sizes, plans, grown, sequences, kept, target_starts, draft_starts, fed
         )
 
-    def _accept(self, rows: list[_Row], proposal: Proposal, logits: torch.Tensor) -> RowsVerdict:
-        """Every row's accepted path of its proposal, its tokens and its report, on the device (`accept_all`)."""
+    def _accept(self, state: RowsInFlight, proposal: Proposal, logits: torch.Tensor) -> RowsVerdict:
+        """Every row's accepted path of its proposal, its tokens and its report, on the device (`accept_all`), under
+        the rows' EOS ids and stop strings as `state` holds them."""
+        rows = state.rows
         drafted, policy = proposal.drafted, rows[0].policy
         plain = proposal.plans is None
         return accept_all(
@@ -588,11 +610,11 @@ class BatchDecoder:
             logits,
             [row.settings.sampler for row in rows],
             proposal.sequences,
-            self._eos_rows(rows, logits.device),
+            state.eos,
             [row.sink.room for row in rows],
             None if plain else policy.statistics(drafted.root_log_probs),
             False if plain else policy.reads_tree,
-            self._strings.check([row.sink for row in rows], logits.device),
+            state.strings,
         )
 
     def _observe_plain(
@@ -609,14 +631,6 @@ class BatchDecoder:
             record.seconds, record.plain = seconds, plain[b]
             row.stats.steps.append(record)
             row.sink.take(accepted.tokens[b], report, kept is Kept.SINKS)
-
-    def _advance(self, accepted: RowsVerdict, kept: Kept) -> None:
-        """After a step: the tokens it emitted join the batch's `(B, T)` tensor where it keeps them there (`kept`, as
-        `_row_sequences` said), and every row's stop-string window."""
-        counts = [report.count for report in accepted.reports]
-        if kept is Kept.BATCH:
-            self._tokens.take(accepted.tokens, counts)
-        self._strings.advance(accepted.tokens, counts)
 
     def _finish(
         self,
@@ -670,7 +684,7 @@ class BatchDecoder:
 
     def _row_sequences(
         self,
-        rows: list[_Row],
+        state: RowsInFlight,
         processings: list[NodeProcessing | None],
         samplers: list[TargetSampler],
         device: torch.device,
@@ -680,15 +694,16 @@ class BatchDecoder:
         finish), in the batch's `(B, T)` tensor when several rows share one processing, else in each row's sink (one
         row's sink holds its sequence as a view, where a `(B, T)` tensor costs launches to keep).
         Both stay on the target's `device`, where the config's processors were built."""
+        rows = state.rows
         target_processings = [s.processing for s in samplers]
         if uniform_processing(processings + target_processings):
-            self._tokens.forget()
+            state.forget_history()
             return [None] * len(rows), [None] * len(rows), Kept.NOWHERE
         shared = (uniform_processing(g) or common_processing(g) is not None for g in (processings, target_processings))
         if len(rows) > 1 and all(shared):
-            sequences = self._tokens.sequences(rows, device)
+            sequences = state.sequences(device)
             return sequences, sequences.clamp_max(self.vocab_limit - 1), Kept.BATCH
-        self._tokens.forget()
+        state.forget_history()
         sequences = [row.sink.sequence for row in rows]
         draft_sequences = [
             s if p is None else s.clamp_max(self.vocab_limit - 1) for s, p in zip(sequences, processings, strict=True)
@@ -715,53 +730,8 @@ class BatchDecoder:
             if stop is not None:
                 accepted.reports[b] = replace(accepted.reports[b], count=stop, finished=True)
 
-    def _pending_rows(self, rows: list[_Row], device: torch.device) -> tuple[torch.Tensor, list[int]]:
-        """Every row's tokens the draft has not seen, left-aligned in one `(B, P)` tensor, and how many each has: the
-        last step's tensor while the rows are the ones it was made for, else gathered anew (after rows joined, left or
-        stepped alone)."""
-        held = self._pending
-        if held is not None and _same_objects(held[0], [row.pending for row in rows]):
-            return held[1], held[2]
-        counts = [row.pending.shape[0] for row in rows]
-        pending = torch.nn.utils.rnn.pad_sequence([row.pending.to(device) for row in rows], batch_first=True)
-        return pending, counts
-
-    def _eos_rows(self, rows: list[_Row], device: torch.device) -> torch.Tensor:
-        """Every row's EOS ids as one `(B, E)` tensor padded with -1 (made again only when the rows change)."""
-        ids = [row.settings.eos_token_ids for row in rows]
-        held = self._eos
-        if held is None or not _same_objects(held[0], ids):
-            matrix = torch.nn.utils.rnn.pad_sequence([i.to(device) for i in ids], batch_first=True, padding_value=-1)
-            self._eos = held = (ids, matrix)
-        return held[1]
-
-    def _draft_own(
-        self,
-        rows: list[_Row],
-        plans: list[TreePlan],
-        depths: list[int],
-        draft: RowRunner,
-        processings: list[NodeProcessing | None],
-        sequences: RowSequences,
-    ) -> RowsDrafted:
-        """Grow every row's tree together by its own plan (`draft_own_trees`), row b at most `depths[b]` levels, under
-        the rows' `processings` of the draft's logits, over their tokens so far (`sequences`)."""
-        pending, counts = self._pending_rows(rows, draft.device)
-        return draft_own_trees(
-            draft,
-            plans,
-            pending,
-            counts,
-            depths,
-            self.vocab_limit,
-            self.draft_input_limit,
-            processings,
-            sequences,
-        )
-
     def _commit(
         self,
-        rows: list[_Row],
         reports: list[StepReport],
         drafted: RowsDrafted,
         target: RowRunner,
@@ -769,63 +739,19 @@ class BatchDecoder:
         target_starts: list[int],
         draft_starts: list[int],
         fed: list[int],
-    ) -> None:
-        """Keep every row's accepted path in both caches (one gather each) and hold the tokens each row's draft has
-        not seen yet: views of the plan's `(B, P)` tensor, which the next step feeds as it is while the rows stay."""
-        slots = drafted.slots or [None] * len(rows)
+    ) -> tuple[torch.Tensor, list[int]]:
+        """Keep every row's accepted path in both caches (one gather each); returns the tokens each row's draft has
+        not seen yet, `(B, P)` and counts, which the next step feeds as they are while the rows stay."""
+        slots = drafted.slots or [None] * len(reports)
         plan = plan_commit(reports, fed, drafted.cached_depths, slots, target.device, draft.device)
         target.keep_rows(target_starts, plan.target, plan.target_counts)
         draft.keep_rows(draft_starts, plan.draft, plan.draft_counts)
-        for b, row in enumerate(rows):
-            row.pending = plan.pending[b, : plan.pending_counts[b]]
-        self._pending = ([row.pending for row in rows], plan.pending, plan.pending_counts)
-
-
-class RowTokens:
-    """Every row's tokens so far in one `(B, capacity)` tensor on the device, for logits processors that serve all
-    rows in one call: made from the rows' sinks when the rows change, then each step's emitted tokens are written for
-    all rows at once (the sinks keep theirs on the host meanwhile)."""
-
-    def __init__(self):
-        self.forget()
-
-    def forget(self) -> None:
-        """Drop the tensor (the rows' sinks hold their tokens)."""
-        self._rows: list[Any] = []
-        self._buffer: torch.Tensor | None = None
-        self._lengths: list[int] = []
-
-    def sequences(self, rows: list[_Row], device: torch.device) -> torch.Tensor:
-        """`(B, T)`: each row's tokens, padded to the longest with its own last token."""
-        if self._buffer is None or not _same_objects(self._rows, rows):
-            own = [row.sink.sequence[0].to(device) for row in rows]
-            capacity = max(row.request.positions for row in rows) + 1
-            buffer = torch.nn.utils.rnn.pad_sequence(own, batch_first=True)
-            self._buffer = torch.nn.functional.pad(buffer, (0, capacity - buffer.shape[1]))
-            self._rows, self._lengths = list(rows), [s.shape[0] for s in own]
-        buffer, width = self._buffer, max(self._lengths)
-        lengths = host_values(self._lengths, buffer.device)[:, None]
-        columns = torch.arange(width, device=buffer.device)[None]
-        last = buffer.gather(1, lengths - 1)
-        return torch.where(columns < lengths, buffer[:, :width], last)
-
-    def take(self, tokens: torch.Tensor, counts: list[int]) -> None:
-        """Append each row's first `counts[b]` of `tokens` (B, k), all rows in one write."""
-        buffer = self._buffer
-        starts = host_values(self._lengths, buffer.device)[:, None]
-        columns = (starts + torch.arange(tokens.shape[1], device=buffer.device)).clamp_max(buffer.shape[1] - 1)
-        buffer.scatter_(1, columns, tokens.to(buffer.device))
-        self._lengths = [length + count for length, count in zip(self._lengths, counts, strict=True)]
+        return plan.pending, plan.pending_counts
 
 
 #: The most padding a batched prefill may carry, as a share of its prompts' own tokens (a padded token costs what a
 #: real one does once the forward is compute-bound).
 PREFILL_PADDING = 0.25
-
-
-def _same_objects(held: list[Any], now: list[Any]) -> bool:
-    """Whether `now` lists the very objects `held` does, in order."""
-    return len(held) == len(now) and all(a is b for a, b in zip(held, now, strict=True))
 
 
 def _shared_paths(plans: list[TreePlan]) -> bool:

@@ -95,46 +95,29 @@ class StringCheck:
             found = hit if found is None else found | hit
         return found.to(tokens.device)
 
-
-class StringWindows:
-    """Each row's last tokens before the step, as many as its stop strings can span, kept on the device across steps:
-    made from the rows' sinks when the rows change, then moved on by each step's emitted tokens in one gather."""
-
-    def __init__(self):
-        self.forget()
-
-    def forget(self) -> None:
-        self._sinks: list[object] = []
-        self._check: StringCheck | None = None
-
-    def check(self, sinks: Sequence, device: torch.device) -> StringCheck | None:
-        """The rows' `StringCheck` (None when no row has stop strings); `sinks` are the rows' `TokenSink`s."""
-        if len(self._sinks) == len(sinks) and all(a is b for a, b in zip(self._sinks, sinks, strict=True)):
-            return self._check
-        criteria = [sink.settings.stopping.strings for sink in sinks]
-        self._sinks = list(sinks)
-        if all(c is None for c in criteria):
-            self._check = None
-            return None
-        span = max(c.maximum_token_len for c in criteria if c is not None) - 1
-        tails = []
-        for sink in sinks:
-            own = sink.sequence[0, max(0, sink.length - span) :].to(device)
-            tails.append(torch.nn.functional.pad(own, (span - own.shape[0], 0), value=OUT_OF_VOCABULARY))
-        distinct = list({id(c): c for c in criteria if c is not None}.values())
-        groups = []
-        for criterion in distinct:
-            serves = [c is criterion for c in criteria]
-            groups.append((criterion, None if all(serves) else host_values(serves, device, torch.bool)))
-        self._check = StringCheck(torch.stack(tails), groups)
-        return self._check
-
     def advance(self, tokens: torch.Tensor, counts: list[int]) -> None:
-        """Move every row's window past the first `counts[b]` of its emitted `tokens` (B, k)."""
-        check = self._check
-        if check is None:
-            return
-        span = check.tail.shape[1]
-        joined = torch.cat([check.tail, tokens.to(check.tail.device)], dim=1)
+        """Move every row's window (`tail`) past the first `counts[b]` of its emitted `tokens` (B, k), in one
+        gather."""
+        span = self.tail.shape[1]
+        joined = torch.cat([self.tail, tokens.to(self.tail.device)], dim=1)
         starts = host_values(counts, joined.device)[:, None]
-        check.tail = joined.gather(1, starts + arange(span, joined.device)[None])
+        self.tail = joined.gather(1, starts + arange(span, joined.device)[None])
+
+
+def string_check(sinks: Sequence, device: torch.device) -> StringCheck | None:
+    """The rows' `StringCheck` on `device`, from their `TokenSink`s' last tokens (None when no row has stop
+    strings): made when the rows join or leave, then moved on by each step (`StringCheck.advance`)."""
+    criteria = [sink.settings.stopping.strings for sink in sinks]
+    if all(c is None for c in criteria):
+        return None
+    span = max(c.maximum_token_len for c in criteria if c is not None) - 1
+    tails = []
+    for sink in sinks:
+        own = sink.sequence[0, max(0, sink.length - span) :].to(device)
+        tails.append(torch.nn.functional.pad(own, (span - own.shape[0], 0), value=OUT_OF_VOCABULARY))
+    distinct = list({id(c): c for c in criteria if c is not None}.values())
+    groups = []
+    for criterion in distinct:
+        serves = [c is criterion for c in criteria]
+        groups.append((criterion, None if all(serves) else host_values(serves, device, torch.bool)))
+    return StringCheck(torch.stack(tails), groups)

@@ -1,0 +1,126 @@
+"""The rows in flight as one explicit state: what every step reads of all rows at once, held as tensors.
+
+`RowsInFlight` is made when rows join or leave the batch (never patched by matching objects) and carried from step to
+step: the tokens each row's draft has not seen `(B, P)` with their counts, the rows' EOS ids `(B, E)`, their stop-string
+windows, their tokens so far `(B, T)` where the logits processors need them, and whether the batch decodes alone.
+Each step moves it on explicitly: the commit hands it the new pending tokens, plain steps' tokens are put after the
+pending ones before the next drafting step, and the emitted tokens advance the windows and the history.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from .device_tensors import host_values
+from .sequence import DecodeSettings, TokenSink
+from .stopping import StringCheck, string_check
+
+
+class InFlight(Protocol):
+    """What the state reads of a row: its sink, its settings, the most positions its sequence can reach, and its
+    tokens the draft has not seen (`pending` on the device; `catch_up` puts the ones plain steps emitted after them and
+    says whether there were any)."""
+
+    sink: TokenSink
+    settings: DecodeSettings
+    pending: torch.Tensor | None
+
+    @property
+    def positions(self) -> int: ...
+
+    def catch_up(self, device: torch.device) -> bool: ...
+
+
+@dataclass
+class TokenHistory:
+    """Every row's tokens so far in one `buffer` (B, capacity) on the device, for logits processors that serve all
+    rows in one call: made from the rows' sinks, then each step's emitted tokens are written for all rows at once (the
+    sinks keep theirs on the host meanwhile). `lengths[b]` is row b's length."""
+
+    buffer: torch.Tensor
+    lengths: list[int]
+
+    @classmethod
+    def of(cls, rows: list[InFlight], device: torch.device) -> TokenHistory:
+        """The rows' sequences from their sinks, with room for each to reach its last position."""
+        own = [row.sink.sequence[0].to(device) for row in rows]
+        capacity = max(row.positions for row in rows) + 1
+        buffer = torch.nn.utils.rnn.pad_sequence(own, batch_first=True)
+        return cls(torch.nn.functional.pad(buffer, (0, capacity - buffer.shape[1])), [s.shape[0] for s in own])
+
+    def sequences(self) -> torch.Tensor:
+        """`(B, T)`: each row's tokens, padded to the longest with its own last token."""
+        buffer, width = self.buffer, max(self.lengths)
+        lengths = host_values(self.lengths, buffer.device)[:, None]
+        columns = torch.arange(width, device=buffer.device)[None]
+        last = buffer.gather(1, lengths - 1)
+        return torch.where(columns < lengths, buffer[:, :width], last)
+
+    def take(self, tokens: torch.Tensor, counts: list[int]) -> None:
+        """Append each row's first `counts[b]` of `tokens` (B, k), all rows in one write."""
+        buffer = self.buffer
+        starts = host_values(self.lengths, buffer.device)[:, None]
+        columns = (starts + torch.arange(tokens.shape[1], device=buffer.device)).clamp_max(buffer.shape[1] - 1)
+        buffer.scatter_(1, columns, tokens.to(buffer.device))
+        self.lengths = [length + count for length, count in zip(self.lengths, counts, strict=True)]
+
+
+@dataclass
+class RowsInFlight:
+    """The rows a step decodes and what it reads of them as tensors. `eos` (B, E) holds each row's EOS ids padded
+    with -1; `strings` each row's stop-string windows (None: no row has stop strings); `pending` (B, P) the tokens
+    each row's draft has not seen, left-aligned, first `counts[b]` of row b (None until a drafting step gathers them
+    from the rows); `history` the rows' tokens so far where the step keeps them on the device (None elsewhere);
+    `alone` whether each sequence decodes alone (a batch of one), so that it plans as one sequence does."""
+
+    rows: list[InFlight]
+    alone: bool
+    eos: torch.Tensor
+    strings: StringCheck | None
+    pending: torch.Tensor | None = None
+    counts: list[int] | None = None
+    history: TokenHistory | None = None
+
+    @classmethod
+    def of(cls, rows: list[InFlight], alone: bool, device: torch.device) -> RowsInFlight:
+        """The state of `rows` as they joined or stayed, its EOS ids and stop-string windows on `device` (the
+        target's, where the step's acceptance runs)."""
+        ids = [row.settings.eos_token_ids.to(device) for row in rows]
+        eos = torch.nn.utils.rnn.pad_sequence(ids, batch_first=True, padding_value=-1)
+        return cls(list(rows), alone, eos, string_check([row.sink for row in rows], device))
+
+    def drafting(self, device: torch.device) -> tuple[torch.Tensor, list[int]]:
+        """The `(B, P)` pending tokens on `device` and their counts, for a step in which rows draft: first the tokens
+        plain steps emitted are put after each row's pending ones (then every row's are gathered anew)."""
+        caught = [row.catch_up(device) for row in self.rows]
+        if self.pending is None or any(caught):
+            self.counts = [row.pending.shape[0] for row in self.rows]
+            self.pending = torch.nn.utils.rnn.pad_sequence([row.pending.to(device) for row in self.rows], True)
+        return self.pending, self.counts
+
+    def committed(self, pending: torch.Tensor, counts: list[int]) -> None:
+        """Take a commit's pending tokens (B, P), first `counts[b]` of row b: each row holds its views of them."""
+        for b, row in enumerate(self.rows):
+            row.pending = pending[b, : counts[b]]
+        self.pending, self.counts = pending, counts
+
+    def sequences(self, device: torch.device) -> torch.Tensor:
+        """`(B, T)` the rows' tokens so far on `device`, kept there from now on (`advance`)."""
+        if self.history is None:
+            self.history = TokenHistory.of(self.rows, device)
+        return self.history.sequences()
+
+    def forget_history(self) -> None:
+        """Keep the rows' tokens in their sinks alone (the step does not keep them on the device)."""
+        self.history = None
+
+    def advance(self, tokens: torch.Tensor, counts: list[int]) -> None:
+        """After a step: each row's first `counts[b]` of its emitted `tokens` (B, k) join its stop-string window and,
+        where it is kept, its history."""
+        if self.history is not None:
+            self.history.take(tokens, counts)
+        if self.strings is not None:
+            self.strings.advance(tokens, counts)
