@@ -36,8 +36,8 @@ from vlmspec import SpeculativeVLM
 from vlmspec.adapters import adapter_for
 from vlmspec.engine.compiled import compiled_forward
 from vlmspec.engine.device_tensors import host_values
-from vlmspec.engine.row_runner import RowRunner
-from vlmspec.engine.tree import DraftTree, with_edges
+from vlmspec.engine.model_runner import ModelRunner
+from vlmspec.engine.tree import Tree, with_edges
 from vlmspec.eval.bench import compiled_generate_config
 from vlmspec.testing import REPLICA_PAIRS, replica_config
 from vlmspec.testing.released_files import RELEASED
@@ -105,7 +105,7 @@ def regular_ids(model: PreTrainedModel) -> int:
     return min(REGULAR_IDS, model.config.get_text_config().vocab_size)
 
 
-def k_ary_tree(n: int, device: torch.device, k: int = 4, high: int = REGULAR_IDS) -> DraftTree:
+def k_ary_tree(n: int, device: torch.device, k: int = 4, high: int = REGULAR_IDS) -> Tree:
     """A tree of `n` nodes (root included) in which every node has up to `k` children, level by level, holding
     random ids below `high`."""
     parents = [-1] + [(i - 1) // k for i in range(1, n)]
@@ -114,7 +114,7 @@ def k_ary_tree(n: int, device: torch.device, k: int = 4, high: int = REGULAR_IDS
     for i in range(1, n):
         ancestors[i] |= ancestors[parents[i]]
         depths[i] = depths[parents[i]] + 1
-    return DraftTree(
+    return Tree(
         tokens=random_ids(n, device, seed=n, high=high)[0],
         parents=torch.tensor(parents, device=device),
         depths=torch.tensor(depths, device=device),
@@ -124,16 +124,16 @@ def k_ary_tree(n: int, device: torch.device, k: int = 4, high: int = REGULAR_IDS
     )
 
 
-def prefilled(model: PreTrainedModel, context: int, compile: str = "off") -> RowRunner:
+def prefilled(model: PreTrainedModel, context: int, compile: str = "off") -> ModelRunner:
     """A batch of one whose row holds a prompt of `context` random tokens (its forwards compiled as `compile` says)."""
     adapter = adapter_for(model)
-    runner = RowRunner(adapter, compiled_forward(model, compile, "model"))
+    runner = ModelRunner(adapter, compiled_forward(model, compile, "model"))
     _, prompt = runner.prefill({"input_ids": random_ids(context, runner.device, high=regular_ids(model))}, room=0)
     runner.take(prompt, room=0)
     return runner
 
 
-def rewound_ms(runner: RowRunner, forward: Callable[[torch.Tensor], object], repeats: int) -> float:
+def rewound_ms(runner: ModelRunner, forward: Callable[[torch.Tensor], object], repeats: int) -> float:
     """Median ms of `forward(start)` over `runner`'s row, whose next token's position is `start` (1,) and whose cache
     is put back to what it held before after each run."""
     lengths = list(runner.lengths)

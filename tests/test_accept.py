@@ -10,7 +10,7 @@ import torch
 from one_tree import accept_sampled, made_tree
 
 from vlmspec.engine.accept import Verdict, accept_sampled_rows, draw
-from vlmspec.engine.tree import DraftTree, TreeRows, rank_tree_shape
+from vlmspec.engine.tree import Tree, Trees, rank_tree_shape
 from vlmspec.testing.distribution import g_test
 
 VOCAB = 5
@@ -18,14 +18,14 @@ DRAWS = 4000
 ALPHA = 1e-3
 
 
-def tree_of(root: int, levels: list[tuple[list[int], list[int]]]) -> DraftTree:
+def tree_of(root: int, levels: list[tuple[list[int], list[int]]]) -> Tree:
     """A tree from its root token and, per level, each new node's parent (a node index) and token; children of a
     node are in the order given (the draft's rank order)."""
     parents = [parent for level_parents, _ in levels for parent in level_parents]
     return made_tree(root, parents, [token for _, level_tokens in levels for token in level_tokens])
 
 
-def exact_emissions(tree: DraftTree, probs: torch.Tensor) -> dict[tuple[int, ...], float]:
+def exact_emissions(tree: Tree, probs: torch.Tensor) -> dict[tuple[int, ...], float]:
     """Every token sequence a step can emit and its probability under the target alone: at each node the next token
     follows that node's distribution; a token that is one of its children descends into it, any other ends the step
     as the bonus token."""
@@ -49,7 +49,7 @@ def exact_emissions(tree: DraftTree, probs: torch.Tensor) -> dict[tuple[int, ...
     return out
 
 
-def emitted(tree: DraftTree, verdict: Verdict) -> tuple[int, ...]:
+def emitted(tree: Tree, verdict: Verdict) -> tuple[int, ...]:
     count = int(verdict.accepted)
     return tuple(int(tree.tokens[n]) for n in verdict.path[1 : count + 1]) + (int(verdict.bonus),)
 
@@ -95,7 +95,7 @@ CASES = {
 }
 
 
-def draws(rule, tree: DraftTree, probs: torch.Tensor) -> list[tuple[int, ...]]:
+def draws(rule, tree: Tree, probs: torch.Tensor) -> list[tuple[int, ...]]:
     generator = torch.Generator().manual_seed(0)
     return [emitted(tree, rule(tree, probs, generator)) for _ in range(DRAWS)]
 
@@ -107,7 +107,7 @@ def test_what_a_step_emits_follows_the_targets_exact_distribution(case):
     assert result.passes(ALPHA), result
 
 
-def _bonus_from_p(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None = None) -> Verdict:
+def _bonus_from_p(tree: Tree, probs: torch.Tensor, generator: torch.Generator | None = None) -> Verdict:
     """A wrong rule: recursive rejection, but the bonus token drawn from p, the rejected children included."""
     verdict = accept_sampled(tree, probs, generator)
     return Verdict(verdict.path, verdict.accepted, draw(probs[verdict.path[verdict.accepted]], generator))
@@ -127,7 +127,7 @@ def test_every_row_of_a_batch_emits_its_own_trees_exact_distribution():
     tokens = torch.tensor([[0, 1, 2, 3, 0, 4, 2], [0, 3, 4, 1, 2, 0, 1], [2, 2, 0, 4, 3, 1, 0]])
     depths = [3, 1, 2]
     valid = shape.depths[None] <= torch.tensor(depths)[:, None]
-    trees = TreeRows(tokens, torch.zeros(tokens.shape), shape.parents, shape.depths, shape.ancestors, 3, valid)
+    trees = Trees(tokens, torch.zeros(tokens.shape), shape.parents, shape.depths, shape.ancestors, 3, valid)
     generator = torch.Generator().manual_seed(3)
     probs = torch.rand(3, shape.size, VOCAB, generator=generator)
     probs[0, 1, 2] = 0.0  # a child the target gives no mass, as a warper cuts it
@@ -141,9 +141,7 @@ def test_every_row_of_a_batch_emits_its_own_trees_exact_distribution():
             emitted_rows[b].append(emitted(trees.row(b), verdict.row(b)))
     for b, depth in enumerate(depths):
         n = int((shape.depths <= depth).sum())
-        own = DraftTree(
-            tokens[b, :n], shape.parents[:n], shape.depths[:n], torch.zeros(n), shape.ancestors[:n, :n], depth
-        )
+        own = Tree(tokens[b, :n], shape.parents[:n], shape.depths[:n], torch.zeros(n), shape.ancestors[:n, :n], depth)
         assert max(len(tokens) for tokens in emitted_rows[b]) <= depth + 1
         result = g_test(emitted_rows[b], exact_emissions(own, probs[b, :n]))
         assert result.impossible == 0 and result.passes(ALPHA), (b, result)

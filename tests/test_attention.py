@@ -15,7 +15,7 @@ from vlmspec.attention import (
     tree_block_attention,
     unfold_heads,
 )
-from vlmspec.engine.row_runner import RowRunner
+from vlmspec.engine.model_runner import ModelRunner
 from vlmspec.engine.tree import additive_mask, with_edges
 
 
@@ -75,7 +75,7 @@ def test_a_tree_forward_equals_the_models_own_attention_with_a_full_width_mask(q
         )
         trees = []
         for rows in (1, 2):
-            runner = RowRunner(adapter)
+            runner = ModelRunner(adapter)
             _, prompt = runner.prefill(qwen.cases["image"], room=4)
             for _ in range(rows):
                 runner.take(prompt, room=4)

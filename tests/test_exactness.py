@@ -8,7 +8,7 @@ from conftest import CASES, DEVICE, DRAFTS, on_device
 
 from vlmspec import SageConfig, SageGtConfig, SpeculativeVLM
 from vlmspec.adapters import adapter_for
-from vlmspec.engine.row_runner import RowRunner
+from vlmspec.engine.model_runner import ModelRunner
 from vlmspec.testing import chat_inputs, sample_frames
 from vlmspec.testing.distribution import extend_inputs
 
@@ -77,7 +77,7 @@ def test_text_after_a_long_clip_goes_on_from_the_last_prompt_position(family):
     extended = extend_inputs(inputs, (7,))
     with torch.inference_mode():
         full = family.target(**extended).logits[0, -1]
-        runner = RowRunner(adapter)
+        runner = ModelRunner(adapter)
         _, prompt = runner.prefill(inputs, room=1)
         runner.take(prompt, room=1)
         start = runner.positions(torch.tensor(runner.lengths, device=DEVICE))

@@ -15,7 +15,7 @@ VOCAB = 12
 
 class TableDraft:
     """A draft whose next-token logits depend on the last token fed alone (a fixed random table), over rows of
-    `lengths` cached tokens: enough of a `RowRunner` for the growth."""
+    `lengths` cached tokens: enough of a `ModelRunner` for the growth."""
 
     def __init__(self, rows: int, seed: int = 0):
         generator = torch.Generator().manual_seed(seed)

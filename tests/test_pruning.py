@@ -10,7 +10,7 @@ import torch
 
 from vlmspec import PruningConfig, SpeculativeVLM
 from vlmspec.adapters import adapter_for
-from vlmspec.engine.row_runner import RowRunner
+from vlmspec.engine.model_runner import ModelRunner
 from vlmspec.pruning import VerifierScores, group_budgets, select_random, select_two_stage, select_uniform
 
 
@@ -137,7 +137,7 @@ def test_a_batched_pruned_prefill_fills_each_row_as_its_own_pruned_prefill(famil
     keep = torch.zeros(batch["input_ids"].shape, dtype=torch.bool, device=batch["input_ids"].device)
     for b, (inputs, own) in enumerate(zip(rows, keeps, strict=True)):
         keep[b, width - inputs["input_ids"].shape[1] :] = True if own is None else own
-    together = RowRunner(adapter)
+    together = ModelRunner(adapter)
     together.start(len(rows))
     with torch.no_grad():
         counts = keep.sum(1).tolist()
@@ -145,7 +145,7 @@ def test_a_batched_pruned_prefill_fills_each_row_as_its_own_pruned_prefill(famil
         for prompt in prompts:
             together.take(prompt, 0)
         for b, (inputs, own) in enumerate(zip(rows, keeps, strict=True)):
-            alone = RowRunner(adapter)
+            alone = ModelRunner(adapter)
             last, prompt = alone.prefill(inputs, 0, own)
             alone.take(prompt, 0)
             assert prompt.length == counts[b] == together.lengths[b]

@@ -10,9 +10,9 @@ import torch
 from one_tree import accept_sampled, deepest
 from sampling_cases import ALPHA, FAMILY, NEW_TOKENS, SAMPLES, WARPS, exact, speculative_test
 
-import vlmspec.engine.rows_step
+import vlmspec.engine.acceptance
 from vlmspec.engine.accept import Verdict, draw
-from vlmspec.engine.tree import DraftTree, TreeRows
+from vlmspec.engine.tree import Tree, Trees
 from vlmspec.testing.distribution import continuations, eos_ids, g_test
 
 
@@ -27,7 +27,7 @@ def test_the_harness_passes_the_targets_own_sampler(warp):
     assert g_test(samples, exact("image", warp)).passes(ALPHA)
 
 
-def _always_first_child(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None = None) -> Verdict:
+def _always_first_child(tree: Tree, probs: torch.Tensor, generator: torch.Generator | None = None) -> Verdict:
     """A wrong rule: accept the first child of every node (if the target gives it any mass), then sample."""
     first_child = torch.ones(tree.size, dtype=torch.bool, device=tree.tokens.device)
     seen: set[int] = set()
@@ -39,7 +39,7 @@ def _always_first_child(tree: DraftTree, probs: torch.Tensor, generator: torch.G
     return Verdict(path, accepted, draw(probs[last], generator))
 
 
-def _bonus_from_p(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None = None) -> Verdict:
+def _bonus_from_p(tree: Tree, probs: torch.Tensor, generator: torch.Generator | None = None) -> Verdict:
     """A subtly wrong rule: recursive rejection, but the bonus token drawn from p, rejected children included."""
     verdict = accept_sampled(tree, probs, generator)
     last = verdict.path[verdict.accepted]
@@ -50,7 +50,7 @@ def _row_by_row(rule: Callable[..., Verdict]) -> Callable[..., Verdict]:
     """`rule` as the batch's rule (`accept_sampled_rows`): applied to each row's valid tree alone."""
 
     def rows_rule(
-        trees: TreeRows,
+        trees: Trees,
         probs: torch.Tensor,
         generators: Sequence[torch.Generator | None] | None = None,
         sizes: Sequence[int] | None = None,
@@ -72,6 +72,6 @@ def _row_by_row(rule: Callable[..., Verdict]) -> Callable[..., Verdict]:
     "rule, policy", [(_always_first_child, "sage"), (_bonus_from_p, "chain")], ids=["first_child", "bonus_from_p"]
 )
 def test_the_harness_rejects_a_biased_sampler(monkeypatch, rule, policy):
-    monkeypatch.setattr(vlmspec.engine.rows_step, "accept_sampled_rows", _row_by_row(rule))
+    monkeypatch.setattr(vlmspec.engine.acceptance, "accept_sampled_rows", _row_by_row(rule))
     result, _ = speculative_test(policy, "noisy", "image", "top_k_top_p")
     assert result.impossible == 0 and not result.passes(ALPHA)

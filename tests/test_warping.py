@@ -8,9 +8,9 @@ from one_tree import made_tree
 from transformers import LogitsProcessorList
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
+from vlmspec.engine.acceptance import GrownTrees, accept_trees
 from vlmspec.engine.choice import NodeProcessing, TargetSampler
 from vlmspec.engine.draft import Drafted
-from vlmspec.engine.rows_step import RowsDrafted, accept_all
 from vlmspec.eval.profile import LaunchCounter
 
 SEQUENCE = torch.zeros(1, 3, dtype=torch.long)
@@ -66,8 +66,8 @@ def accept_counting_reads(logits: torch.Tensor):
     sampler = TargetSampler(NodeProcessing(WARPERS), do_sample=True, generator=torch.Generator().manual_seed(0))
     counter = LaunchCounter(torch.nn.Identity())
     with counter.counting():
-        accepted = accept_all(
-            RowsDrafted.one(drafted),
+        accepted = accept_trees(
+            GrownTrees.one(drafted),
             tree.rows(),
             logits[None],
             [sampler],

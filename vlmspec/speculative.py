@@ -15,8 +15,8 @@ from .adapters import adapter_for
 from .engine.batch import BatchDecoder, RowRequest, RowResult
 from .engine.budget import KVBudget
 from .engine.compiled import LARGEST_FORWARD, CompileGuard, compiled_forward
+from .engine.model_runner import ModelRunner
 from .engine.prefill import Prefiller
-from .engine.row_runner import RowRunner
 from .engine.schedule import Arrivals
 from .engine.sequence import DecodeSettings
 from .engine.stats import SpecStats
@@ -100,8 +100,8 @@ class SpeculativeVLM:
         self.vocab_size = vocab_size
         self.compile = compile
         guard = CompileGuard(compile)
-        self._target_runner = RowRunner(target_adapter, compiled_forward(target, compile, "target"), guard, "target")
-        self._draft_runner = RowRunner(draft_adapter, compiled_forward(draft, compile, "draft"), guard, "draft")
+        self._target_runner = ModelRunner(target_adapter, compiled_forward(target, compile, "target"), guard, "target")
+        self._draft_runner = ModelRunner(draft_adapter, compiled_forward(draft, compile, "draft"), guard, "draft")
         if vocab_size is None and processor is not None and getattr(processor, "tokenizer", None) is not None:
             vocab_size = len(processor.tokenizer)
         vocab_limit = check_vocabularies(target, draft, vocab_size)

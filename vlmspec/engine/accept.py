@@ -12,12 +12,12 @@ from dataclasses import dataclass
 import torch
 
 from .device_tensors import arange, zeros
-from .tree import TreeRows
+from .tree import Trees
 
 
 @dataclass
 class Verdict:
-    """What a rule accepted, as device tensors of fixed shape; for a batch of trees (`TreeRows`), each with a leading
+    """What a rule accepted, as device tensors of fixed shape; for a batch of trees (`Trees`), each with a leading
     row dimension.
 
     `path` (depth + 1,) holds the accepted node at each depth from the root on; entries past `accepted` are 0.
@@ -41,7 +41,7 @@ class Verdict:
         return Verdict(self.path[b], self.accepted[b], self.bonus[b], None if self.doubt is None else self.doubt[b])
 
 
-def accept_greedy_rows(trees: TreeRows, target_choice: torch.Tensor) -> Verdict:
+def accept_greedy_rows(trees: Trees, target_choice: torch.Tensor) -> Verdict:
     """In every row, the deepest node whose whole path equals the target's choices, and the target's choice after it:
     `target_choice` (B, N) is the target's token after each node.
 
@@ -60,7 +60,7 @@ def accept_greedy_rows(trees: TreeRows, target_choice: torch.Tensor) -> Verdict:
 
 
 def accept_sampled_rows(
-    trees: TreeRows,
+    trees: Trees,
     probs: torch.Tensor,
     generators: Sequence[torch.Generator | None] | None = None,
     sizes: Sequence[int] | None = None,
@@ -112,7 +112,7 @@ def accept_sampled_rows(
     return Verdict(path, count, draw_rows(bonus_weights, generators))
 
 
-def deepest_rows(trees: TreeRows, accepted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def deepest_rows(trees: Trees, accepted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """In every row of `accepted` (B, N), the deepest node all of whose path nodes are accepted (the first such, in
     node order): its path by depth (B, depth + 1) (0 past its depth), its depth and its index (B,), on the device."""
     ancestors, depths = trees.row_ancestors(), trees.row_depths()

@@ -5,7 +5,7 @@ stopping. Prompts that join the batch together are prefilled in one left-padded 
 from its own rows of it), then in one draft forward (each row cut to its own kept tokens). Every step, the rows'
 trees grow level by level through one batched draft forward per level and are verified by one target forward, and
 all rows' results are read at once. When every row drafts the same tree of rank paths, the whole step runs as `(B, N)`
-tensors (`grow`, `rows_step`), its operations independent of the rows; trees that differ per row grow together, each
+tensors (`grow`, `acceptance`), its operations independent of the rows; trees that differ per row grow together, each
 by its plan's level rule, and are padded to a common size. A finished row leaves the batch at once and, while inputs
 remain, the next one is admitted in its place (continuous batching).
 """
@@ -25,29 +25,29 @@ from ..adapters import VisualLayout
 from ..errors import RequestCancelled
 from ..policies import BatchShape, StepOutcome, TreePlan, TreePolicy
 from ..pruning import VerifierScores, scoring
+from .acceptance import (
+    Acceptance,
+    GrownTrees,
+    RowSequences,
+    accept_trees,
+    common_processing,
+    root_trees,
+    uniform_processing,
+)
 from .choice import NodeProcessing, TargetSampler
 from .commit import plan_commit
 from .device_tensors import host_values
 from .draft import Drafted
 from .grow import draft_own_trees, draft_rows
 from .kv_cache import PromptSlot
+from .model_runner import ModelRunner
 from .prefill import Prefilled, Prefiller
 from .report import StepReport
-from .row_runner import RowRunner
 from .rows import RowsInFlight
-from .rows_step import (
-    RowsDrafted,
-    RowSequences,
-    RowsVerdict,
-    accept_all,
-    common_processing,
-    plain_rows,
-    uniform_processing,
-)
 from .schedule import Admission, Arrivals
 from .sequence import DecodeSettings, TokenSink
 from .stats import PhaseTimer, SpecStats, StepRecord
-from .tree import DraftTree, TreeRows, rank_tree_shape, with_edges
+from .tree import Tree, Trees, rank_tree_shape, with_edges
 
 
 @dataclass
@@ -111,8 +111,8 @@ class Proposal:
     at the step's start and each row's tokens fed to the draft (`fed`). `start`: the rows' next positions (B,) on the
     device where the proposer has them, else None (made from `target_starts`)."""
 
-    drafted: RowsDrafted
-    trees: TreeRows
+    drafted: GrownTrees
+    trees: Trees
     visible: torch.Tensor | None
     sizes: list[int] | None
     plans: list[TreePlan] | None
@@ -261,7 +261,7 @@ class BatchDecoder:
         finally:
             self._release()
 
-    def _runners(self, batch_size: int) -> tuple[RowRunner, RowRunner]:
+    def _runners(self, batch_size: int) -> tuple[ModelRunner, ModelRunner]:
         """The pair's target and draft runners, each started on a batch of up to `batch_size` rows (compiled as the
         pair runs now: eager once it fell back)."""
         target, draft = self.prefiller.target, self.prefiller.draft
@@ -269,15 +269,15 @@ class BatchDecoder:
             runner.start(batch_size)
         return target, draft
 
-    def _check_compiled(self, rows: list[_Row], target: RowRunner, draft: RowRunner) -> None:
-        """Check each model's compiled batched forwards against eager ones once (`RowRunner.check_compiled`), from the
+    def _check_compiled(self, rows: list[_Row], target: ModelRunner, draft: ModelRunner) -> None:
+        """Check each model's compiled batched forwards against eager ones once (`ModelRunner.check_compiled`), from the
         rows' next tokens, before they decode."""
         first = torch.stack([row.pending[0] for row in rows])
         target.check_compiled(first)
         draft.check_compiled(first.clamp_max(self.draft_input_limit - 1))
 
     def admit(
-        self, requests: list[RowRequest], target: RowRunner, draft: RowRunner
+        self, requests: list[RowRequest], target: ModelRunner, draft: ModelRunner
     ) -> list[tuple[RowRequest, _Row | Exception]]:
         """Admit the requests joining the batch: prompts of similar lengths (of their own inputs) prefilled together
         in one padded forward of the target, the others (and any group whose forward fails) one by one, a prompt that
@@ -317,7 +317,7 @@ class BatchDecoder:
         return admitted
 
     def _admit_together(
-        self, requests: list[RowRequest], target: RowRunner, draft: RowRunner
+        self, requests: list[RowRequest], target: ModelRunner, draft: ModelRunner
     ) -> list[tuple[RowRequest, _Row]]:
         """Prefill the target over the requests' prompts in one left-padded forward (each row's pruning scores taken
         from its own rows of it), emit each first token, then prefill the draft over the prompts that go on in one
@@ -398,7 +398,7 @@ class BatchDecoder:
             row.stats.draft_prefill_tokens = count
         return prompts
 
-    def _admit(self, request: RowRequest, target: RowRunner, draft: RowRunner) -> _Row:
+    def _admit(self, request: RowRequest, target: ModelRunner, draft: ModelRunner) -> _Row:
         """Prefill a request alone (both models, pruning by its own verifier scores), emit its first token and, unless
         that ends it, make its prompts rows of the batch's caches. Requests sharing their inputs (several draws of one
         prompt, one after another) share one prefill while the caches hold its prompts (a draw copies them)."""
@@ -434,7 +434,7 @@ class BatchDecoder:
         self.prefiller.target.release()
         self.prefiller.draft.release()
 
-    def _step(self, state: RowsInFlight, target: RowRunner, draft: RowRunner, timer: PhaseTimer) -> None:
+    def _step(self, state: RowsInFlight, target: ModelRunner, draft: ModelRunner, timer: PhaseTimer) -> None:
         """One step of every row, written once: plan and propose (`_propose`: every row's tree as `(B, N)` tensors; a
         row that drafts nothing proposes its root alone), verify (one target forward over every row's tree), accept
         (on the device, one read), then commit both caches and let every row's policy observe the step (a plain step
@@ -484,8 +484,8 @@ class BatchDecoder:
         state: RowsInFlight,
         plain: list[str | None],
         samples: list[bool],
-        target: RowRunner,
-        draft: RowRunner,
+        target: ModelRunner,
+        draft: ModelRunner,
         timer: PhaseTimer,
     ) -> Proposal:
         """Every row's proposal for the step: its root alone when no row drafts (`plain` says why, per row); one tree
@@ -508,7 +508,7 @@ class BatchDecoder:
             return self._propose_rank_tree(state, pending, plans[0], depths, target, draft, timer)
         return self._propose_own_trees(state, pending, plans, depths, target, draft, timer)
 
-    def _propose_roots(self, state: RowsInFlight, target: RowRunner, timer: PhaseTimer) -> Proposal:
+    def _propose_roots(self, state: RowsInFlight, target: ModelRunner, timer: PhaseTimer) -> Proposal:
         """No row drafts: each row's last token alone, which the target's forward turns into its next token as
         `generate`'s step does. Nothing runs on the draft: the tokens are its `missed` ones, fed when it next drafts."""
         rows = state.rows
@@ -518,7 +518,7 @@ class BatchDecoder:
         with timer("verification"):
             held = host_values([row.sink.last_token for row in rows] + target_starts, target.device)
             roots, starts = held[: len(rows)], held[len(rows) :]
-            drafted = plain_rows(roots)
+            drafted = root_trees(roots)
         start = target.positions(starts)
         return Proposal(drafted, drafted.trees, None, None, None, None, sequences, kept, target_starts, [], [], start)
 
@@ -528,8 +528,8 @@ class BatchDecoder:
         pending: tuple[torch.Tensor, list[int]],
         plan: TreePlan,
         depths: list[int],
-        target: RowRunner,
-        draft: RowRunner,
+        target: ModelRunner,
+        draft: ModelRunner,
         timer: PhaseTimer,
     ) -> Proposal:
         """Every row drafts the tree `plan` (`draft_rows`), row b at most `depths[b]` levels: a fixed number of
@@ -568,8 +568,8 @@ class BatchDecoder:
         pending: tuple[torch.Tensor, list[int]],
         plans: list[TreePlan],
         depths: list[int],
-        target: RowRunner,
-        draft: RowRunner,
+        target: ModelRunner,
+        draft: ModelRunner,
         timer: PhaseTimer,
     ) -> Proposal:
         """Every row drafts a tree of its own structure, all grown together by each row's plan's level rule
@@ -598,13 +598,13 @@ class BatchDecoder:
             stacked, trees, visible, stacked.sizes, plans, grown, sequences, kept, target_starts, draft_starts, fed
         )
 
-    def _accept(self, state: RowsInFlight, proposal: Proposal, logits: torch.Tensor) -> RowsVerdict:
-        """Every row's accepted path of its proposal, its tokens and its report, on the device (`accept_all`), under
+    def _accept(self, state: RowsInFlight, proposal: Proposal, logits: torch.Tensor) -> Acceptance:
+        """Every row's accepted path of its proposal, its tokens and its report, on the device (`accept_trees`), under
         the rows' EOS ids and stop strings as `state` holds them."""
         rows = state.rows
         drafted, policy = proposal.drafted, rows[0].policy
         plain = proposal.plans is None
-        return accept_all(
+        return accept_trees(
             drafted,
             proposal.trees,
             logits,
@@ -618,7 +618,7 @@ class BatchDecoder:
         )
 
     def _observe_plain(
-        self, rows: list[_Row], plain: list[str | None], accepted: RowsVerdict, kept: Kept, step_started: float
+        self, rows: list[_Row], plain: list[str | None], accepted: Acceptance, kept: Kept, step_started: float
     ) -> None:
         """After a step in which no row drafted: the policies learn what it cost, each row records it, its sink takes
         its token, and the draft owes that token (`missed`)."""
@@ -710,7 +710,7 @@ class BatchDecoder:
         ]
         return sequences, draft_sequences, Kept.SINKS
 
-    def _judge_on_host(self, rows: list[_Row], accepted: RowsVerdict, logits: torch.Tensor) -> None:
+    def _judge_on_host(self, rows: list[_Row], accepted: Acceptance, logits: torch.Tensor) -> None:
         """Keep the scores and logits of what each row emits, from the verification's `logits` (B, N, V) at its
         accepted path, and cut each row whose host-side stopping criteria stop it (`TokenSink.judge`), all rows'
         criteria read at once: nothing runs for rows that ask for neither."""
@@ -733,9 +733,9 @@ class BatchDecoder:
     def _commit(
         self,
         reports: list[StepReport],
-        drafted: RowsDrafted,
-        target: RowRunner,
-        draft: RowRunner,
+        drafted: GrownTrees,
+        target: ModelRunner,
+        draft: ModelRunner,
         target_starts: list[int],
         draft_starts: list[int],
         fed: list[int],
@@ -780,7 +780,7 @@ def observe_step(
     policy: TreePolicy,
     plan: TreePlan,
     drafted: Drafted,
-    tree: DraftTree,
+    tree: Tree,
     report: StepReport,
     stats: SpecStats,
     timer: PhaseTimer,

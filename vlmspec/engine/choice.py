@@ -352,7 +352,7 @@ class TargetSampler:
     """The target's token after the root, and the accepted path of a verified tree, as `generate` would pick them.
 
     Greedy configs take the argmax of the processed scores; sampling configs draw from the warped distribution,
-    on trees by recursive rejection (`rows_step.accept_all`), from `generator` or, as `generate`, the global RNG.
+    on trees by recursive rejection (`acceptance.accept_trees`), from `generator` or, as `generate`, the global RNG.
     """
 
     def __init__(self, processing: NodeProcessing, do_sample: bool, generator: torch.Generator | None = None):

@@ -162,7 +162,7 @@ class CompileGuard:
     """What a pair does when its compiled forwards misbehave. Under `compile="on"` (`strict`) a forward that raises
     raises. Under `"auto"` the pair (both models) runs eager from then on, with one warning that names the error and
     `compile="on"` as the way to see it raise; a forward that failed is run again eager, so the call in flight loses
-    nothing. Under `"auto"` each model is also checked once at first use (`RowRunner.check_compiled`, before the rows'
+    nothing. Under `"auto"` each model is also checked once at first use (`ModelRunner.check_compiled`, before the rows'
     first step): its compiled forwards must choose the tokens its eager ones choose on a short greedy decode, or the
     pair falls back the same way.
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from .choice import NodeProcessing
-from .tree import DraftTree
+from .tree import Tree
 
 # Log-probabilities are ranked above this floor; tokens the warpers cut are ranked below it, by processed order.
 _RANK_FLOOR = 1e4
@@ -27,7 +27,7 @@ class Drafted:
     the draft was fed (its cache position after the pending tokens); None when they coincide.
     """
 
-    tree: DraftTree
+    tree: Tree
     root_log_probs: torch.Tensor
     cached_depth: int
     greedy_depth: torch.Tensor
@@ -36,7 +36,7 @@ class Drafted:
     slots: list[int] | None = None
 
 
-def proposal_log_probs(
+def sequence_proposal_log_probs(
     logits: torch.Tensor,
     processing: NodeProcessing | None,
     vocab_limit: int,
@@ -45,15 +45,15 @@ def proposal_log_probs(
     ancestors: torch.Tensor | None = None,
     depth: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`proposal_log_probs_rows` of one sequence's nodes: draft `logits` (m, V) or the root's (V,), `sequence` (1, T),
+    """`proposal_log_probs` of one sequence's nodes: draft `logits` (m, V) or the root's (V,), `sequence` (1, T),
     the tree's `tokens` (N,)."""
     rows_tokens = None if tokens is None else tokens[None]
     flat = logits.reshape(1, -1, logits.shape[-1])
-    log_probs, order = proposal_log_probs_rows(flat, processing, vocab_limit, sequence, rows_tokens, ancestors, depth)
+    log_probs, order = proposal_log_probs(flat, processing, vocab_limit, sequence, rows_tokens, ancestors, depth)
     return log_probs.reshape(*logits.shape[:-1], -1), order.reshape(*logits.shape[:-1], -1)
 
 
-def proposal_log_probs_rows(
+def proposal_log_probs(
     logits: torch.Tensor,
     processing: NodeProcessing | None,
     vocab_limit: int,
@@ -81,7 +81,7 @@ def proposal_log_probs_rows(
         # A draft on another device than the target: the config's processors were built on the target's device,
         # where the sequences are kept, so the draft's logits are processed there.
         moved = [None if t is None else t.to(here) for t in (tokens, ancestors)]
-        log_probs, order = proposal_log_probs_rows(logits.to(here), processing, vocab_limit, sequences, *moved, depth)
+        log_probs, order = proposal_log_probs(logits.to(here), processing, vocab_limit, sequences, *moved, depth)
         return log_probs.to(logits.device), order.to(logits.device)
     width = logits.shape[-1]
     widened = processing.width is not None and processing.width > width

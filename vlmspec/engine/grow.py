@@ -15,16 +15,16 @@ from dataclasses import dataclass
 import torch
 
 from ..policies import LevelChoice, LevelRules, TreePlan
+from .acceptance import GrownTrees, RowSequences, same_processing, uniform_processing
 from .choice import NodeProcessing
 from .device_tensors import arange, host_values
-from .draft import proposal_log_probs, proposal_log_probs_rows
-from .row_runner import RowRunner
-from .rows_step import RowsDrafted, RowSequences, same_processing, uniform_processing
-from .tree import TreeRows, TreeShape
+from .draft import proposal_log_probs, sequence_proposal_log_probs
+from .model_runner import ModelRunner
+from .tree import Trees, TreeShape
 
 
 def draft_rows(
-    draft: RowRunner,
+    draft: ModelRunner,
     shape: TreeShape,
     top_k: int,
     pending: torch.Tensor,
@@ -34,7 +34,7 @@ def draft_rows(
     input_limit: int,
     processings: Sequence[NodeProcessing | None],
     sequences: RowSequences,
-) -> RowsDrafted:
+) -> GrownTrees:
     """Grow every row's tree of `shape` with one draft forward per level over all rows.
 
     `pending` (B, P) holds each row's emitted tokens the draft has not seen (its first `counts[b]`, the last of them
@@ -69,7 +69,7 @@ def draft_rows(
     trees, greedy_depth, row_depths = _shape_trees(shape, tokens, log_probs, depth, max_depths)
     sizes = [shape.level_ends[d] for d in row_depths]
     cached = [cached_depth] * rows
-    return RowsDrafted(trees, root_log_probs[:, 0], cached, greedy_depth, sizes, row_depths, forwards, fed_tokens)
+    return GrownTrees(trees, root_log_probs[:, 0], cached, greedy_depth, sizes, row_depths, forwards, fed_tokens)
 
 
 def _shape_level(
@@ -107,7 +107,7 @@ def _shape_level(
 
 def _shape_trees(
     shape: TreeShape, tokens: torch.Tensor, log_probs: torch.Tensor, depth: int, max_depths: list[int]
-) -> tuple[TreeRows, torch.Tensor, list[int]]:
+) -> tuple[Trees, torch.Tensor, list[int]]:
     """Every row's grown tree of `shape`, `depth` levels of `tokens` and path `log_probs` (B, N), its nodes deeper
     than the row's budget (`max_depths`) allows invalid; how deep each row's draft top-1 path reaches in it (B,), and
     each row's tree depth (host)."""
@@ -116,7 +116,7 @@ def _shape_trees(
     valid = None
     if min(row_depths) < depth:
         valid = shape.depths[None, :n] <= host_values(row_depths, tokens.device)[:, None]
-    trees = TreeRows(tokens, log_probs, shape.parents[:n], shape.depths[:n], shape.ancestors[:n, :n], depth, valid)
+    trees = Trees(tokens, log_probs, shape.parents[:n], shape.depths[:n], shape.ancestors[:n, :n], depth, valid)
     if valid is None:
         greedy_depth = shape.greedy_depth(n).expand(rows)
     else:
@@ -125,7 +125,7 @@ def _shape_trees(
 
 
 def _root_forward(
-    draft: RowRunner, pending: torch.Tensor, counts: list[int], input_limit: int
+    draft: ModelRunner, pending: torch.Tensor, counts: list[int], input_limit: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """Feed every row's tokens the draft has not seen (its first `counts[b]` of `pending` (B, P)) in one forward;
     returns the draft's logits after each row's root (its last pending token) (B, V), the roots (B,), their
@@ -140,7 +140,7 @@ def _root_forward(
 
 
 def draft_own_trees(
-    draft: RowRunner,
+    draft: ModelRunner,
     plans: Sequence[TreePlan],
     pending: torch.Tensor,
     counts: list[int],
@@ -149,7 +149,7 @@ def draft_own_trees(
     input_limit: int,
     processings: Sequence[NodeProcessing | None],
     sequences: RowSequences,
-) -> RowsDrafted:
+) -> GrownTrees:
     """Grow every row's tree by its own plan's level rule (SAGE's, sage-gt's, a fixed tree's, in any mix), each of its
     own depth and width, with one draft forward per level over all rows.
 
@@ -331,7 +331,7 @@ def _write_level(growth: _Growth, choice: _Choice, rules: LevelRules) -> slice:
 
 def _own_trees(
     growth: _Growth, top_k: int, root_log_probs: torch.Tensor, cached_depth: int, forwards: int, fed_tokens: int
-) -> RowsDrafted:
+) -> GrownTrees:
     """The final gather of the trees: every row's real slots of the grown levels, read once, as its own tree
     (`_gathered`); `root_log_probs` (B, 1, V), the levels the draft cache holds, the draft forwards and tokens fed."""
     # The step's one read for the trees: every row's real slots.
@@ -342,9 +342,7 @@ def _own_trees(
     )
     sizes = [len(slots) for slots in real]
     cached = [cached_depth] * len(real)
-    return RowsDrafted(
-        trees, root_log_probs[:, 0], cached, greedy_depth, sizes, tree_depths, forwards, fed_tokens, real
-    )
+    return GrownTrees(trees, root_log_probs[:, 0], cached, greedy_depth, sizes, tree_depths, forwards, fed_tokens, real)
 
 
 def _gathered(
@@ -355,7 +353,7 @@ def _gathered(
     top_k: int,
     real: list[list[int]],
     level_ends: list[int],
-) -> tuple[TreeRows, torch.Tensor, list[int]]:
+) -> tuple[Trees, torch.Tensor, list[int]]:
     """Each row's `real` slots of its padded levels gathered into a tree of its own nodes (per-row structure, padded
     to the largest, the padding invalid), how deep each row's draft top-1 path reaches in it (B,), and each row's
     tree depth (host). A slot's parent is the frontier slot its candidate index (`candidates`: frontier slot times
@@ -390,7 +388,7 @@ def _gathered(
     node_ancestors = by_row.gather(2, index[:, None, :].expand(-1, n, -1))
     node_ancestors &= is_real[:, :, None] & is_real[:, None, :]
     off_path = node_ancestors & (node_candidates % top_k != 0)[:, None, :]
-    trees = TreeRows(
+    trees = Trees(
         tokens.gather(1, index),
         log_probs.gather(1, index).masked_fill(~is_real, -torch.inf),
         node_parents,
@@ -416,15 +414,15 @@ def _log_probs(
     """Every row's proposal log-probabilities and ranking key (B, m, V) from the draft's `logits` (B, m, V) of nodes
     `depth` deep: at once when no row processes its logits or all share one processing, else row by row."""
     if plain:
-        return proposal_log_probs_rows(logits, None, vocab_limit, sequences)
+        return proposal_log_probs(logits, None, vocab_limit, sequences)
     if isinstance(sequences, torch.Tensor):
-        return proposal_log_probs_rows(logits, processings[0], vocab_limit, sequences, tokens, ancestors, depth)
+        return proposal_log_probs(logits, processings[0], vocab_limit, sequences, tokens, ancestors, depth)
     shared = same_processing(processings)
     if shared is not None:
-        return proposal_log_probs_rows(logits, shared, vocab_limit, sequences, tokens, ancestors, depth)
+        return proposal_log_probs(logits, shared, vocab_limit, sequences, tokens, ancestors, depth)
     own = ancestors is not None and ancestors.ndim == 3
     parts = [
-        proposal_log_probs(
+        sequence_proposal_log_probs(
             logits[b],
             processing,
             vocab_limit,

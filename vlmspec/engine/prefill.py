@@ -12,7 +12,7 @@ from ..adapters import VisualLayout
 from ..policies import TreePolicy
 from ..pruning import PruningConfig, VerifierScores
 from .kv_cache import PromptSlot
-from .row_runner import RowRunner
+from .model_runner import ModelRunner
 from .stats import PhaseTimer, SpecStats
 
 
@@ -48,8 +48,8 @@ class Prefiller:
 
     def __init__(
         self,
-        target: RowRunner,
-        draft: RowRunner,
+        target: ModelRunner,
+        draft: ModelRunner,
         policy: TreePolicy,
         vocab_limit: int,
         pruning: PruningConfig | None = None,

@@ -14,7 +14,7 @@ import torch
 
 from .accept import Verdict
 from .device_tensors import arange, host_values
-from .tree import DraftTree, TreeRows
+from .tree import Tree, Trees
 
 
 @dataclass
@@ -39,7 +39,7 @@ class StepReport:
     tree_log_probs: list[float] | None = None
 
 
-def emitted_rows(trees: TreeRows, verdict: Verdict) -> torch.Tensor:
+def emitted_rows(trees: Trees, verdict: Verdict) -> torch.Tensor:
     """Every row's emitted tokens (B, depth + 1): the accepted draft tokens, then the bonus token (what follows it is
     padding)."""
     bonus = verdict.bonus[:, None]
@@ -61,7 +61,7 @@ class PackedStep:
 
 
 def read_rows(
-    packed: torch.Tensor, trees: TreeRows, tokens: torch.Tensor, with_tree: bool, sizes: list[int] | None = None
+    packed: torch.Tensor, trees: Trees, tokens: torch.Tensor, with_tree: bool, sizes: list[int] | None = None
 ) -> list[StepReport]:
     """Read a step's packed rows (`pack_rows`) once and cut each into its `StepReport`; `sizes` are the rows' own
     node counts when their trees are padded (all `trees.size` by default)."""
@@ -71,13 +71,13 @@ def read_rows(
     return [unpack_step(row, layout, None if sizes is None else sizes[b]) for b, row in enumerate(values)]
 
 
-def packed_width(tree: DraftTree | TreeRows, tokens: torch.Tensor, with_tree: bool) -> int:
+def packed_width(tree: Tree | Trees, tokens: torch.Tensor, with_tree: bool) -> int:
     """How many values a row's packed step holds besides its statistics."""
     return 5 + 2 * tokens.shape[-1] + (2 * tree.size if with_tree else 0)
 
 
 def pack_rows(
-    trees: TreeRows,
+    trees: Trees,
     verdict: Verdict,
     tokens: torch.Tensor,
     eos_token_ids: torch.Tensor,

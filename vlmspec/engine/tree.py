@@ -28,7 +28,7 @@ def additive_mask(visible: torch.Tensor, dtype: torch.dtype, prefix_len: int = 0
 
 
 def with_edges(visible: torch.Tensor) -> torch.Tensor:
-    """A (..., q, w) visibility block as `RowRunner.forward_rows` takes it, (..., q, w + 2): column 0 stands for the
+    """A (..., q, w) visibility block as `ModelRunner.forward_rows` takes it, (..., q, w + 2): column 0 stands for the
     keys before the block (seen), the last column for those after it (unseen), so one clamped index says what each
     key is. (A tree's ancestor rows over its slots 0..w + 1 already have this layout when slot 0, the root, is
     before the block and slot w + 1 is not yet grown.)"""
@@ -37,7 +37,7 @@ def with_edges(visible: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass
-class DraftTree:
+class Tree:
     """An immutable view of a grown tree; `ancestors[i, j]` is True when j is i or one of i's ancestors.
 
     `depth` is the depth of the deepest node (0 for a root-only tree), known on the host as the tree grows.
@@ -55,12 +55,12 @@ class DraftTree:
         """Number of nodes including the root."""
         return self.tokens.shape[0]
 
-    def to(self, device: torch.device) -> DraftTree:
+    def to(self, device: torch.device) -> Tree:
         """The same tree on `device` (the target may sit on another device than the draft)."""
         if self.tokens.device == device:
             return self
         tensors = (self.tokens, self.parents, self.depths, self.log_probs, self.ancestors)
-        return DraftTree(*(t.to(device) for t in tensors), self.depth)
+        return Tree(*(t.to(device) for t in tensors), self.depth)
 
     def path_to(self, node: int) -> torch.Tensor:
         """Node indices from the root to `node`, both included, in root-to-leaf order."""
@@ -71,9 +71,9 @@ class DraftTree:
         (without `prefix_len`, the block over the nodes' own keys that the tree attention takes)."""
         return additive_mask(self.ancestors, dtype, prefix_len)
 
-    def rows(self) -> TreeRows:
+    def rows(self) -> Trees:
         """The tree as a batch of one (views, no copy)."""
-        return TreeRows(self.tokens[None], self.log_probs[None], self.parents, self.depths, self.ancestors, self.depth)
+        return Trees(self.tokens[None], self.log_probs[None], self.parents, self.depths, self.ancestors, self.depth)
 
     def leaf_paths(self) -> list[list[int]]:
         """Every root-to-leaf path as lists of node indices (for inspection and tests, not the hot path)."""
@@ -83,7 +83,7 @@ class DraftTree:
 
 
 @dataclass
-class TreeRows:
+class Trees:
     """Every row's tree of one step as `(B, N)` tensors.
 
     The rows' trees share one structure, `parents`, `depths` (N,) and `ancestors` (N, N), or each has its own,
@@ -120,19 +120,19 @@ class TreeRows:
             return self.ancestors
         return self.ancestors[None].expand(self.tokens.shape[0], -1, -1)
 
-    def to(self, device: torch.device) -> TreeRows:
+    def to(self, device: torch.device) -> Trees:
         """The same trees on `device` (the target may sit on another device than the draft)."""
         if self.tokens.device == device:
             return self
         valid = None if self.valid is None else self.valid.to(device)
         tensors = (self.tokens, self.log_probs, self.parents, self.depths, self.ancestors)
-        return TreeRows(*(t.to(device) for t in tensors), self.depth, valid)
+        return Trees(*(t.to(device) for t in tensors), self.depth, valid)
 
-    def row(self, b: int, nodes: int | None = None, depth: int | None = None) -> DraftTree:
+    def row(self, b: int, nodes: int | None = None, depth: int | None = None) -> Tree:
         """Row `b`'s tree (views, no copy): all its nodes, invalid ones included, or its first `nodes` (the levels up
         to `depth`)."""
         n = self.size if nodes is None else nodes
-        return DraftTree(
+        return Tree(
             self.tokens[b, :n],
             self.row_parents()[b, :n],
             self.row_depths()[b, :n],

@@ -21,7 +21,7 @@ from .draft_gate import LAST_TOKEN
 from .levels import RowRule
 
 if TYPE_CHECKING:
-    from ..engine.tree import DraftTree
+    from ..engine.tree import Tree
 
 
 class TreePlan(ABC):
@@ -145,7 +145,7 @@ class StepOutcome:
 
     root_log_probs: torch.Tensor
     accepted: int
-    tree: DraftTree
+    tree: Tree
     path: Sequence[int] | torch.Tensor
     draft_forwards: int
     draft_tokens: int

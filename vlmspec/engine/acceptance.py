@@ -1,4 +1,4 @@
-"""One step of many sequences as `(B, N)` tensors: every row's grown trees (`RowsDrafted`, grown in `grow.py`) and
+"""One step of many sequences as `(B, N)` tensors: every row's grown trees (`GrownTrees`, grown in `grow.py`) and
 their acceptance, which runs as a fixed number of operations over all rows, its results read once for all rows.
 
 A row near its token budget drafts the same levels as the others; its nodes past what the budget allows are
@@ -21,17 +21,17 @@ from .device_tensors import host_values, zeros
 from .draft import Drafted
 from .report import StepReport, emitted_rows, pack_rows, read_rows
 from .stopping import StringCheck
-from .tree import TreeRows
+from .tree import Trees
 
 
 @dataclass
-class RowsDrafted:
+class GrownTrees:
     """Every row's tree of a step, the draft's root log-probabilities (B, V), how many levels of each row's tree the
     draft cache holds, each row's greedy depth (B,) and valid nodes (`sizes`, host), the draft forwards and tokens
     fed (padding included), and each row's map from node to the slot the draft was fed it at when its levels were
     padded (`slots`; None, or None for a row, where nodes and slots coincide)."""
 
-    trees: TreeRows
+    trees: Trees
     root_log_probs: torch.Tensor
     cached_depths: list[int]
     greedy_depth: torch.Tensor
@@ -56,9 +56,9 @@ class RowsDrafted:
         )
 
     @staticmethod
-    def one(grown: Drafted) -> RowsDrafted:
+    def one(grown: Drafted) -> GrownTrees:
         """One tree as a batch of one (views)."""
-        return RowsDrafted(
+        return GrownTrees(
             grown.tree.rows(),
             grown.root_log_probs[None],
             [grown.cached_depth],
@@ -70,15 +70,15 @@ class RowsDrafted:
         )
 
 
-def plain_rows(roots: torch.Tensor) -> RowsDrafted:
+def root_trees(roots: torch.Tensor) -> GrownTrees:
     """A step that drafts nothing, as trees of their root alone: every row's last token `roots` (B,), which the
     target's forward turns into its next token as `generate`'s step does. No draft forward ran (the draft catches up
     on the tokens it missed when it next drafts)."""
     device, rows = roots.device, roots.shape[0]
     nothing, no_log_probs = zeros(rows, device), zeros(rows, device, torch.float32)[:, None]
     parents, ancestors = _root_structure(device)
-    trees = TreeRows(roots[:, None], no_log_probs, parents, nothing[:1], ancestors, 0)
-    return RowsDrafted(trees, no_log_probs, [0] * rows, nothing, [1] * rows, [0] * rows, 0, 0)
+    trees = Trees(roots[:, None], no_log_probs, parents, nothing[:1], ancestors, 0)
+    return GrownTrees(trees, no_log_probs, [0] * rows, nothing, [1] * rows, [0] * rows, 0, 0)
 
 
 @functools.cache
@@ -114,7 +114,7 @@ def same_processing(processings: Sequence[NodeProcessing | None]) -> NodeProcess
 
 
 @dataclass
-class RowsVerdict:
+class Acceptance:
     """A step's acceptance of every row: the verdicts (batched), the tokens each row emits (B, depth + 1) and each
     row's report, read once."""
 
@@ -123,9 +123,9 @@ class RowsVerdict:
     reports: list[StepReport]
 
 
-def accept_all(
-    drafted: RowsDrafted,
-    trees: TreeRows,
+def accept_trees(
+    drafted: GrownTrees,
+    trees: Trees,
     logits: torch.Tensor,
     samplers: Sequence[TargetSampler],
     sequences: RowSequences,
@@ -135,7 +135,7 @@ def accept_all(
     with_tree: bool,
     strings: StringCheck | None = None,
     compact: bool = True,
-) -> RowsVerdict:
+) -> Acceptance:
     """Accept every row's tree from the target's `logits` (B, N, V) and read all rows' results at once. Greedy rows
     take the target's choices, sampling rows recursive rejection (rows of both rules in one batch are accepted both
     ways, each keeping its own); a sampled row whose verdict is in doubt (see `NodeProcessing.distribution`,
@@ -161,11 +161,11 @@ def accept_all(
     tokens = emitted_rows(trees, verdict)
     stops = None if strings is None else strings.hits(tokens)
     packed = pack_rows(trees, verdict, tokens, eos_token_ids, rooms, drafted.greedy_depth, statistics, with_tree, stops)
-    accepted = RowsVerdict(verdict, tokens, read_rows(packed, trees, tokens, with_tree, drafted.sizes))
+    accepted = Acceptance(verdict, tokens, read_rows(packed, trees, tokens, with_tree, drafted.sizes))
     for b, report in enumerate(accepted.reports):
         if report.doubt:
-            again = accept_all(
-                RowsDrafted.one(drafted.row(b)),
+            again = accept_trees(
+                GrownTrees.one(drafted.row(b)),
                 trees.row(b, drafted.sizes[b], drafted.depths[b]).rows(),
                 logits[b : b + 1, : drafted.sizes[b]],
                 samplers[b : b + 1],
@@ -183,7 +183,7 @@ def accept_all(
 
 def _target_scores(
     logits: torch.Tensor,
-    trees: TreeRows,
+    trees: Trees,
     processings: Sequence[NodeProcessing | None],
     plain: bool,
     sequences: RowSequences,
@@ -226,7 +226,7 @@ def _target_distribution(
     return probs, doubt
 
 
-def _replace_row(accepted: RowsVerdict, b: int, again: RowsVerdict) -> None:
+def _replace_row(accepted: Acceptance, b: int, again: Acceptance) -> None:
     """Row `b`'s verdict, emitted tokens and report in `accepted` replaced by those of `again`, its acceptance alone
     (a batch of one)."""
     verdict, depth = accepted.verdict, again.tokens.shape[1]

@@ -15,7 +15,7 @@ from .device_tensors import arange, host_values
 from .kv_cache import TREE_ROOM, PromptSlot, RowCache, check_cache
 
 
-class RowRunner(GuardedRunner):
+class ModelRunner(GuardedRunner):
     """A model over one `RowCache`: a prompt pass (`prefill`, or `prefill_rows` for a left-padded batch) writes new
     rows' keys into free slots, `take` makes them rows, the rows feed padded forwards together and leave when
     finished. The token at row b's cache index i sits at position `i + offsets[b]` (M-RoPE prompts end beyond their

@@ -10,7 +10,7 @@ from one_tree import accept_greedy, accept_sampled, emitted_tokens
 from vlmspec.engine.accept import Verdict, accept_greedy_rows, accept_sampled_rows
 from vlmspec.engine.commit import plan_commit
 from vlmspec.engine.report import StepReport, emitted_rows, pack_rows
-from vlmspec.engine.tree import DraftTree, TreeRows, rank_tree_shape
+from vlmspec.engine.tree import Tree, Trees, rank_tree_shape
 from vlmspec.policies import RankTreePlan
 from vlmspec.policies.static import SPECVLM_TREE
 
@@ -19,13 +19,13 @@ PATHS = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
 VOCAB = 6
 
 
-def rows_of(tokens: list[list[int]], valid_depths: list[int] | None = None) -> TreeRows:
+def rows_of(tokens: list[list[int]], valid_depths: list[int] | None = None) -> Trees:
     shape = rank_tree_shape(PATHS, CPU)
     tokens_tensor = torch.tensor(tokens)
     valid = None
     if valid_depths is not None:
         valid = shape.depths[None] <= torch.tensor(valid_depths)[:, None]
-    return TreeRows(
+    return Trees(
         tokens_tensor,
         torch.zeros(tokens_tensor.shape, dtype=torch.float32),
         shape.parents,
@@ -36,12 +36,10 @@ def rows_of(tokens: list[list[int]], valid_depths: list[int] | None = None) -> T
     )
 
 
-def cut(tree: DraftTree, depth: int) -> DraftTree:
+def cut(tree: Tree, depth: int) -> Tree:
     """`tree` without its nodes deeper than `depth`."""
     n = int((tree.depths <= depth).sum())
-    return DraftTree(
-        tree.tokens[:n], tree.parents[:n], tree.depths[:n], tree.log_probs[:n], tree.ancestors[:n, :n], depth
-    )
+    return Tree(tree.tokens[:n], tree.parents[:n], tree.depths[:n], tree.log_probs[:n], tree.ancestors[:n, :n], depth)
 
 
 TOKENS = [[4, 1, 2, 3, 5, 0, 2], [0, 2, 3, 1, 4, 5, 1], [3, 3, 1, 0, 2, 4, 5]]
