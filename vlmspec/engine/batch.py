@@ -228,22 +228,31 @@ class BatchDecoder:
                     # Rows joined or left: the state is made anew from the rows in flight.
                     state = RowsInFlight.of(rows, batch_size == 1, target.device)
                 self._step(state, target, draft, timer)
-                done = [b for b, row in enumerate(rows) if row.sink.finished or row.request.cancelled]
-                if done:
-                    order = target.drop(done)
-                    draft.drop(done)
-                    finished = [rows[b] for b in done]
-                    rows = [rows[b] for b in order]
+                rows, results = self._retire(rows, target, draft)
+                if results:
                     state = None
-                    for row in finished:
-                        result = row.result()
-                        if not row.sink.finished:
-                            result.error = RequestCancelled("its caller cancelled it")
-                        yield result
+                yield from results
         finally:
             for row in rows:
                 row.sink.close()
             self._release()
+
+    def _retire(self, rows: list[_Row], target: ModelRunner, draft: ModelRunner) -> tuple[list[_Row], list[RowResult]]:
+        """Let the rows that finished or were cancelled leave both caches (a freed slot takes the last row); returns
+        the rows still in flight, in their new order, and the results of those that left (a cancelled row's carrying
+        `RequestCancelled`, with what it emitted)."""
+        done = [b for b, row in enumerate(rows) if row.sink.finished or row.request.cancelled]
+        if not done:
+            return rows, []
+        order = target.drop(done)
+        draft.drop(done)
+        results = []
+        for b in done:
+            result = rows[b].result()
+            if not rows[b].sink.finished:
+                result.error = RequestCancelled("its caller cancelled it")
+            results.append(result)
+        return [rows[b] for b in order], results
 
     def warm_up(self, request: RowRequest, largest: int) -> None:
         """Admit `request` alone and run each compiled model's check against eager forwards and a forward of every
