@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vlmspec.engine.grow import draft_own_trees, draft_rows
+from vlmspec.engine.grow import GrowthInputs, draft_own_trees, draft_rows
 from vlmspec.engine.tree import rank_tree_shape
 from vlmspec.policies import SPECVLM_TREE, AdaptiveTreePlan, CostAwareTreePlan, RankTreePlan
 from vlmspec.policies.calibration import AcceptanceCalibration
@@ -32,9 +32,10 @@ class TableDraft:
 def _grow(plans, roots: list[int], max_depth: int = 8):
     rows = len(plans)
     pending = torch.tensor(roots)[:, None]
-    return draft_own_trees(
-        TableDraft(rows), plans, pending, [1] * rows, [max_depth] * rows, VOCAB, VOCAB, [None] * rows, [None] * rows
+    inputs = GrowthInputs(
+        TableDraft(rows), pending, [1] * rows, [max_depth] * rows, VOCAB, VOCAB, [None] * rows, [None] * rows
     )
+    return draft_own_trees(inputs, plans)
 
 
 def _tree(grown, b: int) -> tuple[list[int], list[int], list[float]]:
@@ -81,12 +82,13 @@ def test_a_rank_tree_grown_among_other_rows_is_the_tree_its_shape_grows(paths):
     grown = _grow([_sage(), plan, _sage_gt()], [2, 3, 9])
     shape = rank_tree_shape(plan.paths, torch.device("cpu"))
     pending = torch.tensor([[3]])
-    shared = draft_rows(TableDraft(1), shape, plan.top_k, pending, [1], [8], VOCAB, VOCAB, [None], [None])
+    shared = draft_rows(GrowthInputs(TableDraft(1), pending, [1], [8], VOCAB, VOCAB, [None], [None]), shape, plan.top_k)
     assert _tree(grown, 1) == _tree(shared, 0)
 
 
 def test_a_row_near_its_budget_stops_at_its_own_depth():
     plans = [RankTreePlan(SPECVLM_TREE), _sage()]
     pending = torch.tensor([[3], [5]])
-    grown = draft_own_trees(TableDraft(2), plans, pending, [1, 1], [2, 8], VOCAB, VOCAB, [None] * 2, [None] * 2)
+    inputs = GrowthInputs(TableDraft(2), pending, [1, 1], [2, 8], VOCAB, VOCAB, [None] * 2, [None] * 2)
+    grown = draft_own_trees(inputs, plans)
     assert grown.depths[0] == 2 and grown.sizes[0] == 1 + 4 + 8

@@ -38,7 +38,7 @@ from .choice import NodeProcessing, TargetSampler
 from .commit import plan_commit
 from .device_tensors import host_values
 from .draft import Drafted
-from .grow import draft_own_trees, draft_rows
+from .grow import GrowthInputs, draft_own_trees, draft_rows
 from .kv_cache import PromptSlot
 from .model_runner import ModelRunner
 from .prefill import Prefilled, Prefiller
@@ -550,18 +550,8 @@ class BatchDecoder:
         sequences, draft_sequences, kept = self._row_sequences(state, processings, samplers, target.device)
         with timer("drafting"):
             shape = rank_tree_shape(plan.paths, draft.device)
-            drafted = draft_rows(
-                draft,
-                shape,
-                plan.top_k,
-                pending,
-                counts,
-                depths,
-                self.vocab_limit,
-                self.draft_input_limit,
-                processings,
-                draft_sequences,
-            )
+            inputs = self._growth_inputs(draft, (pending, counts), depths, processings, draft_sequences)
+            drafted = draft_rows(inputs, shape, plan.top_k)
         trees = drafted.trees.to(target.device)
         nodes = slice(0, trees.size)
         visible = rank_tree_shape(plan.paths, target.device).block(nodes, nodes)
@@ -590,22 +580,27 @@ class BatchDecoder:
         sequences, draft_sequences, kept = self._row_sequences(state, processings, samplers, target.device)
         draft_starts, target_starts = list(draft.lengths), list(target.lengths)
         with timer("drafting"):
-            stacked = draft_own_trees(
-                draft,
-                plans,
-                *pending,
-                depths,
-                self.vocab_limit,
-                self.draft_input_limit,
-                processings,
-                draft_sequences,
-            )
+            inputs = self._growth_inputs(draft, pending, depths, processings, draft_sequences)
+            stacked = draft_own_trees(inputs, plans)
             grown = [stacked.row(b) for b in range(len(rows))]
         trees = stacked.trees.to(target.device)
         visible = with_edges(trees.ancestors)
         return Proposal(
             stacked, trees, visible, stacked.sizes, plans, grown, sequences, kept, target_starts, draft_starts, fed
         )
+
+    def _growth_inputs(
+        self,
+        draft: ModelRunner,
+        pending: tuple[torch.Tensor, list[int]],
+        depths: list[int],
+        processings: list[NodeProcessing | None],
+        sequences: RowSequences,
+    ) -> GrowthInputs:
+        """What the growth of the rows' trees reads: their `pending` tokens ((B, P) and counts), each row growing at
+        most `depths[b]` levels under its draft `processings` over its tokens so far (`sequences`)."""
+        limits = (self.vocab_limit, self.draft_input_limit)
+        return GrowthInputs(draft, *pending, depths, *limits, processings, sequences)
 
     def _accept(self, state: RowsInFlight, proposal: Proposal, logits: torch.Tensor) -> Acceptance:
         """Every row's accepted path of its proposal, its tokens and its report, on the device (`accept_trees`), under

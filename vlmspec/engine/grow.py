@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -23,35 +23,52 @@ from .model_runner import ModelRunner
 from .tree import Trees, TreeShape
 
 
-def draft_rows(
-    draft: ModelRunner,
-    shape: TreeShape,
-    top_k: int,
-    pending: torch.Tensor,
-    counts: list[int],
-    max_depths: list[int],
-    vocab_limit: int,
-    input_limit: int,
-    processings: Sequence[NodeProcessing | None],
-    sequences: RowSequences,
-) -> GrownTrees:
-    """Grow every row's tree of `shape` with one draft forward per level over all rows.
+@dataclass
+class GrowthInputs:
+    """What growing every row's tree reads: the draft's runner; each row's emitted tokens the draft has not seen,
+    `pending` (B, P), its first `counts[b]` (the last of them the row's root); how many levels each row may grow
+    (`max_depths`, its budget); the ids the draft may propose (`vocab_limit`) and embed (`input_limit`); and each row's
+    config processing of the draft's logits (None: none) and tokens so far (read only where a row processes its
+    logits)."""
 
-    `pending` (B, P) holds each row's emitted tokens the draft has not seen (its first `counts[b]`, the last of them
-    the row's root); row b grows at most `max_depths[b]` levels (its budget), the others' deeper nodes invalid.
-    `processings` and `sequences` are each row's config processing for the draft (None: none) and tokens so far
-    (needed only where a row processes its logits).
-    """
-    device = pending.device
-    rows = pending.shape[0]
-    depth = min(shape.depth, max(max_depths))
+    draft: ModelRunner
+    pending: torch.Tensor
+    counts: list[int]
+    max_depths: list[int]
+    vocab_limit: int
+    input_limit: int
+    processings: Sequence[NodeProcessing | None]
+    sequences: RowSequences
+    plain: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        # Whether no row processes its logits: then every level's log-probabilities come from one operation.
+        self.plain = uniform_processing(self.processings)
+
+    def log_probs(
+        self,
+        logits: torch.Tensor,
+        tokens: torch.Tensor | None = None,
+        ancestors: torch.Tensor | None = None,
+        depth: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every row's proposal log-probabilities and ranking key (B, m, V) from the draft's `logits` (B, m, V) of
+        nodes `depth` deep (`_log_probs`)."""
+        processings, sequences = self.processings, self.sequences
+        return _log_probs(logits, self.plain, processings, sequences, self.vocab_limit, tokens, ancestors, depth)
+
+
+def draft_rows(inputs: GrowthInputs, shape: TreeShape, top_k: int) -> GrownTrees:
+    """Grow every row's tree of `shape` with one draft forward per level over all rows, row b at most
+    `inputs.max_depths[b]` levels (the others' deeper nodes invalid)."""
+    device, rows = inputs.pending.device, inputs.pending.shape[0]
+    depth = min(shape.depth, max(inputs.max_depths))
     n = shape.level_ends[depth]
-    root_logits, root, root_position, fed_tokens = _root_forward(draft, pending, counts, input_limit)
-    plain = uniform_processing(processings)
+    root_logits, root, root_position, fed_tokens = _root_forward(inputs)
     tokens = torch.empty(rows, n, dtype=torch.long, device=device)
     log_probs = torch.zeros(rows, n, device=device)
     tokens[:, 0] = root
-    root_log_probs, root_order = _log_probs(root_logits[:, None], plain, processings, sequences, vocab_limit)
+    root_log_probs, root_order = inputs.log_probs(root_logits[:, None])
     child_log_probs, child_order = root_log_probs, root_order
     cached_depth, forwards = 0, 1
     for level in range(1, depth + 1):
@@ -59,14 +76,12 @@ def draft_rows(
         if level == depth:
             break
         visible = shape.block(new, slice(1, new.stop))
-        logits = draft.forward_rows(tokens[:, new], shape.depths[new], root_position, visible)
+        logits = inputs.draft.forward_rows(tokens[:, new], shape.depths[new], root_position, visible)
         forwards, fed_tokens = forwards + 1, fed_tokens + rows * (new.stop - new.start)
         ancestors = shape.ancestors[new, : new.stop]
-        child_log_probs, child_order = _log_probs(
-            logits, plain, processings, sequences, vocab_limit, tokens[:, : new.stop], ancestors, level
-        )
+        child_log_probs, child_order = inputs.log_probs(logits, tokens[:, : new.stop], ancestors, level)
         cached_depth = level
-    trees, greedy_depth, row_depths = _shape_trees(shape, tokens, log_probs, depth, max_depths)
+    trees, greedy_depth, row_depths = _shape_trees(shape, tokens, log_probs, depth, inputs.max_depths)
     sizes = [shape.level_ends[d] for d in row_depths]
     cached = [cached_depth] * rows
     return GrownTrees(trees, root_log_probs[:, 0], cached, greedy_depth, sizes, row_depths, forwards, fed_tokens)
@@ -124,32 +139,21 @@ def _shape_trees(
     return trees, greedy_depth, row_depths
 
 
-def _root_forward(
-    draft: ModelRunner, pending: torch.Tensor, counts: list[int], input_limit: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+def _root_forward(inputs: GrowthInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """Feed every row's tokens the draft has not seen (its first `counts[b]` of `pending` (B, P)) in one forward;
     returns the draft's logits after each row's root (its last pending token) (B, V), the roots (B,), their
     positions (B,) and the tokens the forward carried (padding included)."""
+    draft, pending, counts = inputs.draft, inputs.pending, inputs.counts
     device, rows = pending.device, pending.shape[0]
     last = host_values([c - 1 for c in counts], device)
     start = draft.positions(host_values(draft.lengths, device))
-    fed = pending.clamp_max(input_limit - 1)
+    fed = pending.clamp_max(inputs.input_limit - 1)
     logits = draft.forward_rows(fed, arange(fed.shape[1], device), start, None, counts)
     root_logits = logits.gather(1, last[:, None, None].expand(rows, 1, logits.shape[2]))[:, 0]
     return root_logits, pending.gather(1, last[:, None])[:, 0], start + last, rows * fed.shape[1]
 
 
-def draft_own_trees(
-    draft: ModelRunner,
-    plans: Sequence[TreePlan],
-    pending: torch.Tensor,
-    counts: list[int],
-    max_depths: list[int],
-    vocab_limit: int,
-    input_limit: int,
-    processings: Sequence[NodeProcessing | None],
-    sequences: RowSequences,
-) -> GrownTrees:
+def draft_own_trees(inputs: GrowthInputs, plans: Sequence[TreePlan]) -> GrownTrees:
     """Grow every row's tree by its own plan's level rule (SAGE's, sage-gt's, a fixed tree's, in any mix), each of its
     own depth and width, with one draft forward per level over all rows.
 
@@ -161,18 +165,18 @@ def draft_own_trees(
     (tokens, path log-probabilities, ancestor rows, which slots are dropped, each slot's candidate index); parents,
     ranks and depths follow from those once, after the growth. One read of every row's real slots then gathers each
     row's tree to its own nodes (per-row structure, padded; `slots` maps each node to the slot the draft was fed it
-    at). Arguments as `draft_rows`'.
+    at). Row b grows at most `inputs.max_depths[b]` levels.
     """
-    device, rows = pending.device, pending.shape[0]
+    device, rows = inputs.pending.device, inputs.pending.shape[0]
     masked = next((plan.masked for plan in plans if plan.masked is not None), device.type != "cpu")
-    row_depths = [max(0, min(plan.levels(masked), limit)) for plan, limit in zip(plans, max_depths, strict=True)]
+    limits = zip(plans, inputs.max_depths, strict=True)
+    row_depths = [max(0, min(plan.levels(masked), limit)) for plan, limit in limits]
     levels = max(row_depths)
-    root_logits, root, root_position, fed_tokens = _root_forward(draft, pending, counts, input_limit)
-    plain = uniform_processing(processings)
+    root_logits, root, root_position, fed_tokens = _root_forward(inputs)
     capacity = 1 + levels * max(plan.max_nodes for plan in plans)
     rules = LevelRules.of(plans, row_depths, device)
     growth = _Growth.start(root, capacity, rules.reach, min(row_depths))
-    root_log_probs, root_order = _log_probs(root_logits[:, None], plain, processings, sequences, vocab_limit)
+    root_log_probs, root_order = inputs.log_probs(root_logits[:, None])
     child_log_probs, child_order = root_log_probs, root_order
     selection = _Selection.of(plans, rules, masked)
     cached_depth, forwards = 0, 1
@@ -187,12 +191,10 @@ def draft_own_trees(
         # root before the block, the slot after it not yet grown.
         visible = growth.ancestors[:, new, : growth.size + 1]
         depths = arange(levels + 1, device)[level : level + 1].expand(choice.count)
-        logits = draft.forward_rows(growth.tokens[:, new], depths, root_position, visible)
+        logits = inputs.draft.forward_rows(growth.tokens[:, new], depths, root_position, visible)
         forwards, fed_tokens = forwards + 1, fed_tokens + rows * choice.count
         tokens, ancestors = growth.tokens[:, : growth.size], growth.ancestors[:, new, : growth.size]
-        child_log_probs, child_order = _log_probs(
-            logits, plain, processings, sequences, vocab_limit, tokens, ancestors, level
-        )
+        child_log_probs, child_order = inputs.log_probs(logits, tokens, ancestors, level)
         cached_depth = level
     return _own_trees(growth, rules.top_k, root_log_probs, cached_depth, forwards, fed_tokens)
 
