@@ -19,7 +19,7 @@ from collections.abc import Callable
 import vlmspec.api
 from vlmspec import captioning
 from vlmspec.cli import main
-from vlmspec.engine.batch import BatchDecoder
+from vlmspec.engine.prefill import Prefiller
 
 
 def die() -> None:
@@ -86,23 +86,23 @@ def after_record(k: int) -> None:
 def generating(k: int) -> None:
     """While the k-th input to reach the model decodes: at the target's second forward pass from the prefill that
     takes it in on (its first verification, a decoding step it takes part in, or another prefill after it); the input
-    is never recorded. Inputs reach the model through `BatchDecoder.admit` (the inputs joining a batch, one or
+    is never recorded. Inputs reach the model through `Prefiller.admit` (the inputs joining a batch, one or
     many, prefilled together or one by one)."""
-    admit_all = BatchDecoder.admit
+    admit_all = Prefiller.admit
     seen = [0]
 
     def arm(model) -> None:
         passes = Countdown(2)
         model.get_input_embeddings().register_forward_pre_hook(lambda module, inputs: die() if passes() else None)
 
-    def admit_all_and_die(self, requests, target, draft):
+    def admit_all_and_die(self, requests):
         first = seen[0] + 1
         seen[0] += len(requests)
         if first <= k <= seen[0]:
-            arm(self.prefiller.target.adapter.model)
-        return admit_all(self, requests, target, draft)
+            arm(self.target.adapter.model)
+        return admit_all(self, requests)
 
-    BatchDecoder.admit = admit_all_and_die
+    Prefiller.admit = admit_all_and_die
 
 
 def decoding(k: int) -> None:

@@ -277,13 +277,13 @@ class Recording:
 
 
 def test_a_group_whose_joint_prefill_fails_is_admitted_alone_and_streamed_once(qwen, monkeypatch):
-    from vlmspec.engine.batch import BatchDecoder
+    from vlmspec.engine.prefill import Prefiller
 
     spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"], "chain")
     options = {"do_sample": True, "max_new_tokens": 8}
 
     def run(fail: bool) -> list[tuple[torch.Tensor, Recording]]:
-        prefill_drafts = BatchDecoder.prefill_drafts
+        prefill_drafts = Prefiller.prefill_drafts
         failures = [fail]
 
         def failing(self, *args):
@@ -291,7 +291,7 @@ def test_a_group_whose_joint_prefill_fails_is_admitted_alone_and_streamed_once(q
                 raise RuntimeError("out of memory")
             return prefill_drafts(self, *args)
 
-        monkeypatch.setattr(BatchDecoder, "prefill_drafts", failing)
+        monkeypatch.setattr(Prefiller, "prefill_drafts", failing)
         streamers = [Recording() for _ in range(3)]
         requests = [
             spec.prepare(
@@ -304,7 +304,7 @@ def test_a_group_whose_joint_prefill_fails_is_admitted_alone_and_streamed_once(q
             for i in range(3)
         ]
         results = {r.key: r.sequence for r in spec.decode(requests, batch_size=3)}
-        monkeypatch.setattr(BatchDecoder, "prefill_drafts", prefill_drafts)
+        monkeypatch.setattr(Prefiller, "prefill_drafts", prefill_drafts)
         return [(results[i], streamers[i]) for i in range(3)]
 
     for (sequence, streamer), (alone, _) in zip(run(fail=True), run(fail=False), strict=True):

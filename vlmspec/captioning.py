@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from .engine.batch import RowResult
+from .engine.rows import RowResult
 from .errors import (
     ContextTooLongError,
     EmptyPromptError,

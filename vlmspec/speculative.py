@@ -12,11 +12,12 @@ from transformers import GenerationConfig, PreTrainedModel
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .adapters import adapter_for
-from .engine.batch import BatchDecoder, RowRequest, RowResult
+from .engine.batch import BatchDecoder
 from .engine.budget import KVBudget
 from .engine.compiled import LARGEST_FORWARD, CompileGuard, compiled_forward
 from .engine.model_runner import ModelRunner
 from .engine.prefill import Prefiller
+from .engine.rows import RowRequest, RowResult
 from .engine.schedule import Arrivals
 from .engine.sequence import DecodeSettings
 from .engine.stats import SpecStats

@@ -13,18 +13,14 @@ remain, the next one is admitted in its place (continuous batching).
 from __future__ import annotations
 
 import enum
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
-from typing import Any
 
 import torch
 
-from ..adapters import VisualLayout
 from ..errors import RequestCancelled
 from ..policies import BatchShape, StepOutcome, TreePlan, TreePolicy
-from ..pruning import VerifierScores, scoring
 from .acceptance import (
     Acceptance,
     GrownTrees,
@@ -39,55 +35,13 @@ from .commit import plan_commit
 from .device_tensors import host_values
 from .draft import Drafted
 from .grow import GrowthInputs, draft_own_trees, draft_rows
-from .kv_cache import PromptSlot
 from .model_runner import ModelRunner
-from .prefill import Prefilled, Prefiller
+from .prefill import Prefiller
 from .report import StepReport
-from .rows import RowsInFlight
+from .rows import Row, RowRequest, RowResult, RowsInFlight
 from .schedule import Admission, Arrivals
-from .sequence import DecodeSettings, TokenSink
 from .stats import PhaseTimer, SpecStats, StepRecord
 from .tree import Tree, Trees, rank_tree_shape, with_edges
-
-
-@dataclass
-class RowRequest:
-    """One sequence to decode: its own (unpadded) inputs for each model, the ids its output starts with (`prompt`
-    (1, P): a padded batch's row keeps its padding there) and how to decode it. `key` names it in the results;
-    `streamer` (transformers' streamer protocol) follows its tokens as they are emitted; setting `cancel` (from any
-    thread) frees its row at the next step."""
-
-    key: Any
-    target_inputs: dict[str, Any]
-    draft_inputs: dict[str, Any]
-    prompt: torch.Tensor
-    settings: DecodeSettings | None
-    error: Exception | None = None
-    streamer: Any = None
-    cancel: threading.Event | None = None
-
-    @property
-    def cancelled(self) -> bool:
-        return self.cancel is not None and self.cancel.is_set()
-
-    @property
-    def positions(self) -> int:
-        """The most positions its sequence can reach (prompt and token budget)."""
-        return self.prompt.shape[1] + self.settings.max_new_tokens
-
-
-@dataclass
-class RowResult:
-    """A finished sequence: `sequence` (1, P + n) is the prompt then its new tokens, `stats` its own statistics; or
-    the `error` it failed with (then both are None). `scores` and `logits` hold, when its settings ask for them, the
-    target's processed scores and raw logits (1, V) that chose each new token, as `generate` returns them."""
-
-    key: Any
-    sequence: torch.Tensor | None
-    stats: SpecStats | None
-    error: Exception | None = None
-    scores: tuple[torch.Tensor, ...] | None = None
-    logits: tuple[torch.Tensor, ...] | None = None
 
 
 class Kept(enum.Enum):
@@ -125,44 +79,6 @@ class Proposal:
     start: torch.Tensor | None = None
 
 
-class _Row:
-    """A sequence in flight: its request, emitted tokens, policy state and the tokens the draft has not seen yet:
-    `pending` on the device, then `missed` on the host (emitted by plain steps, fed when it next drafts)."""
-
-    def __init__(self, request: RowRequest, policy: TreePolicy, streaming: bool = True):
-        self.request = request
-        self.settings = request.settings
-        self.sink = TokenSink(request.prompt, request.settings, request.streamer if streaming else None)
-        self.policy = policy
-        self.stats = SpecStats()
-        self.started = time.perf_counter()
-        self.pending: torch.Tensor | None = None
-        self.missed: list[int] = []
-
-    @property
-    def positions(self) -> int:
-        """The most positions its sequence can reach (prompt and token budget)."""
-        return self.request.positions
-
-    def catch_up(self, device: torch.device) -> bool:
-        """Put the tokens plain steps emitted after the draft's `pending` ones, to be fed at its next forward; says
-        whether there were any."""
-        if not self.missed:
-            return False
-        self.pending = torch.cat([self.pending, host_values(self.missed, device)])
-        self.missed = []
-        return True
-
-    def result(self) -> RowResult:
-        self.sink.close()
-        self.stats.new_tokens = self.sink.new_tokens
-        self.stats.finish(time.perf_counter() - self.started)
-        sink = self.sink
-        scores = None if sink.scores is None else tuple(sink.scores)
-        logits = None if sink.logits is None else tuple(sink.logits)
-        return RowResult(self.request.key, sink.sequence, self.stats, scores=scores, logits=logits)
-
-
 class BatchDecoder:
     """Lossless tree speculative decoding of many prompts, up to `batch_size` of them in flight at once.
 
@@ -177,7 +93,6 @@ class BatchDecoder:
         self.vocab_limit = prefiller.vocab_limit
         self.draft_input_limit = prefiller.draft_input_limit
         self.stats = SpecStats()
-        self._shared: tuple[dict[str, Any], Prefilled] | None = None
 
     def run(
         self,
@@ -197,7 +112,7 @@ class BatchDecoder:
         """
         admission = Admission(requests, batch_size, admit)
         target, draft = self._runners(batch_size)
-        rows: list[_Row] = []
+        rows: list[Row] = []
         state: RowsInFlight | None = None
         self.stats = SpecStats()
         timer = PhaseTimer(self.stats, target.device)
@@ -208,7 +123,7 @@ class BatchDecoder:
                     error = request.error or RequestCancelled("cancelled before it ran")
                     yield RowResult(request.key, None, None, error)
                 joined = len(rows)
-                for request, admitted in self.admit(joining.rows, target, draft):
+                for request, admitted in self.prefiller.admit(joining.rows):
                     if isinstance(admitted, Exception):
                         yield RowResult(request.key, None, None, admitted)
                     elif admitted.sink.finished:
@@ -235,9 +150,9 @@ class BatchDecoder:
         finally:
             for row in rows:
                 row.sink.close()
-            self._release()
+            self.prefiller.release()
 
-    def _retire(self, rows: list[_Row], target: ModelRunner, draft: ModelRunner) -> tuple[list[_Row], list[RowResult]]:
+    def _retire(self, rows: list[Row], target: ModelRunner, draft: ModelRunner) -> tuple[list[Row], list[RowResult]]:
         """Let the rows that finished or were cancelled leave both caches (a freed slot takes the last row); returns
         the rows still in flight, in their new order, and the results of those that left (a cancelled row's carrying
         `RequestCancelled`, with what it emitted)."""
@@ -259,7 +174,7 @@ class BatchDecoder:
         padded size up to `largest` tokens over its row (compiling each), then let it go undecoded."""
         target, draft = self._runners(1)
         try:
-            ((_, row),) = self.admit([request], target, draft)
+            ((_, row),) = self.prefiller.admit([request])
             if isinstance(row, Exception):
                 raise row
             if row.sink.finished:
@@ -268,7 +183,7 @@ class BatchDecoder:
             for runner in (target, draft):
                 runner.warm_up(largest)
         finally:
-            self._release()
+            self.prefiller.release()
 
     def _runners(self, batch_size: int) -> tuple[ModelRunner, ModelRunner]:
         """The pair's target and draft runners, each started on a batch of up to `batch_size` rows (compiled as the
@@ -278,170 +193,12 @@ class BatchDecoder:
             runner.start(batch_size)
         return target, draft
 
-    def _check_compiled(self, rows: list[_Row], target: ModelRunner, draft: ModelRunner) -> None:
+    def _check_compiled(self, rows: list[Row], target: ModelRunner, draft: ModelRunner) -> None:
         """Check each model's compiled batched forwards against eager ones once (`ModelRunner.check_compiled`), from the
         rows' next tokens, before they decode."""
         first = torch.stack([row.pending[0] for row in rows])
         target.check_compiled(first)
         draft.check_compiled(first.clamp_max(self.draft_input_limit - 1))
-
-    def admit(
-        self, requests: list[RowRequest], target: ModelRunner, draft: ModelRunner
-    ) -> list[tuple[RowRequest, _Row | Exception]]:
-        """Admit the requests joining the batch: prompts of similar lengths (of their own inputs) prefilled together
-        in one padded forward of the target, the others (and any group whose forward fails) one by one, a prompt that
-        cannot be prefilled failing alone. Every input reaches the models through here (the seam where fault tests
-        stop a job while an input decodes)."""
-        admitted: list[tuple[RowRequest, _Row | Exception]] = []
-        alone: list[RowRequest] = []
-        for group in _similar_lengths(requests):
-            distinct = len({id(r.target_inputs) for r in group}) == len(group)
-            if len(group) > 1 and distinct and all(r.settings.max_new_tokens > 0 for r in group):
-                before = target.cache.rows
-                generators = [r.settings.sampler.generator for r in group]
-                states = [None if g is None else g.get_state() for g in generators]
-                try:
-                    together = self._admit_together(group, target, draft)
-                except Exception:  # noqa: BLE001 - inputs that cannot share a forward are prefilled one by one
-                    target.discard(before)
-                    draft.discard(before)
-                    # Their first tokens are drawn again alone: from where their generators stood.
-                    for generator, state in zip(generators, states, strict=True):
-                        if generator is not None:
-                            generator.set_state(state)
-                else:
-                    for _, row in together:
-                        row.sink.follow(row.request.streamer)
-                    admitted += together
-                    continue
-            alone += group
-        for request in alone:
-            rows = target.cache.rows
-            try:
-                admitted.append((request, self._admit(request, target, draft)))
-            except Exception as error:  # noqa: BLE001 - a prompt that cannot be prefilled fails alone
-                target.discard(rows)
-                draft.discard(rows)
-                admitted.append((request, error))
-        return admitted
-
-    def _admit_together(
-        self, requests: list[RowRequest], target: ModelRunner, draft: ModelRunner
-    ) -> list[tuple[RowRequest, _Row]]:
-        """Prefill the target over the requests' prompts in one left-padded forward (each row's pruning scores taken
-        from its own rows of it), emit each first token, then prefill the draft over the prompts that go on in one
-        forward too (each row keeping its own visual tokens) and take those rows in."""
-        adapter, pruning = target.adapter, self.prefiller.pruning
-        batch = adapter.join_rows([r.target_inputs for r in requests], 0)
-        lengths = [r.target_inputs["input_ids"].shape[1] for r in requests]
-        pads = [batch["input_ids"].shape[1] - length for length in lengths]
-        layouts = [None if pruning is None else adapter.visual_layout(r.target_inputs) for r in requests]
-        prunes = [layout is not None and bool(layout.mask.any()) for layout in layouts]
-        scorers = [
-            VerifierScores(adapter, layout, pruning.layers, b, pads[b])
-            if prunes[b] and pruning.method == "verifier"
-            else None
-            for b, layout in enumerate(layouts)
-        ]
-        started = time.perf_counter()
-        with scoring(adapter, [s for s in scorers if s is not None]):
-            room = max(r.settings.max_new_tokens for r in requests)
-            logits, prompts = target.prefill_rows(batch, lengths, room)
-        seconds = (time.perf_counter() - started) / len(requests)
-        admitted, going_on = [], []
-        for b, request in enumerate(requests):
-            # Streamers follow the rows once the group is in (a failed group is admitted again one by one).
-            row = _Row(request, self.policy.for_row(), streaming=False)
-            scored = 0.0 if scorers[b] is None else scorers[b].seconds
-            row.stats.phase_seconds["target_prefill"] += seconds - scored
-            row.stats.phase_seconds["pruning"] += scored
-            row.stats.target_prefill_tokens = lengths[b]
-            first = request.settings.sampler.first(logits[b], row.sink.sequence)
-            row.sink.emit(first[None], logits[b])
-            if not row.sink.finished:
-                row.pending = first[None].to(draft.device)
-                going_on.append(b)
-            admitted.append((request, row))
-        if going_on:
-            keeps = [
-                self._draft_keep(requests[b], layouts[b], scorers[b], admitted[b][1]) if prunes[b] else None
-                for b in going_on
-            ]
-            drafts = self.prefill_drafts([requests[b] for b in going_on], keeps, [admitted[b][1] for b in going_on])
-            for b in going_on:
-                target.take(prompts[b], requests[b].settings.max_new_tokens)
-            for prompt, b in zip(drafts, going_on, strict=True):
-                draft.take(prompt, requests[b].settings.max_new_tokens)
-        return admitted
-
-    def _draft_keep(
-        self, request: RowRequest, layout: VisualLayout, scorer: VerifierScores | None, row: _Row
-    ) -> torch.Tensor:
-        """Which of the request's prompt tokens its pruned draft prompt keeps (bool over its prompt)."""
-        started = time.perf_counter()
-        keep = self.prefiller.draft_keep(request.target_inputs, layout, None if scorer is None else scorer.scores)
-        row.stats.phase_seconds["pruning"] += time.perf_counter() - started
-        return keep
-
-    def prefill_drafts(
-        self, requests: list[RowRequest], keeps: list[torch.Tensor | None], rows: list[_Row]
-    ) -> list[PromptSlot]:
-        """Prefill the draft over the requests' prompts, each cut to its `keeps`, in one left-padded forward; returns
-        the prompts as written into the draft's cache."""
-        draft = self.prefiller.draft
-        batch = draft.adapter.join_rows([r.draft_inputs for r in requests], 0)
-        width = batch["input_ids"].shape[1]
-        pads = [width - r.draft_inputs["input_ids"].shape[1] for r in requests]
-        keep = None
-        if any(k is not None for k in keeps):
-            keep = torch.zeros(batch["input_ids"].shape, dtype=torch.bool, device=batch["input_ids"].device)
-            for b, (pad, own) in enumerate(zip(pads, keeps, strict=True)):
-                keep[b, pad:] = True if own is None else own
-        counts = [width - pad for pad in pads] if keep is None else keep.sum(1).tolist()
-        room = max(r.settings.max_new_tokens for r in requests)
-        started = time.perf_counter()
-        _, prompts = draft.prefill_rows(batch, counts, room, keep)
-        seconds = (time.perf_counter() - started) / len(requests)
-        for row, count in zip(rows, counts, strict=True):
-            row.stats.phase_seconds["draft_prefill"] += seconds
-            row.stats.draft_prefill_tokens = count
-        return prompts
-
-    def _admit(self, request: RowRequest, target: ModelRunner, draft: ModelRunner) -> _Row:
-        """Prefill a request alone (both models, pruning by its own verifier scores), emit its first token and, unless
-        that ends it, make its prompts rows of the batch's caches. Requests sharing their inputs (several draws of one
-        prompt, one after another) share one prefill while the caches hold its prompts (a draw copies them)."""
-        single, settings = self.prefiller, request.settings
-        row = _Row(request, self.policy.for_row())
-        if row.sink.finished:
-            return row
-        timer = PhaseTimer(row.stats, single.target.device)
-        shared = self._shared
-        if shared is not None and shared[0] is request.target_inputs and shared[1].held:
-            prefill = shared[1]
-        else:
-            self._shared = None
-            prefill = Prefilled(request.target_inputs, request.draft_inputs)
-            single.prefill_target(prefill, settings.max_new_tokens, row.stats, timer)
-            self._shared = (request.target_inputs, prefill)
-        first = settings.sampler.first(prefill.logits, row.sink.sequence)
-        row.sink.emit(first[None], prefill.logits)
-        if row.sink.finished:
-            return row
-        if not prefill.drafted:
-            single.prefill_draft(prefill, settings.max_new_tokens, row.stats, timer)
-        timer.collect(wait=True)
-        target.take(prefill.target_prompt, settings.max_new_tokens)
-        draft.take(prefill.draft_prompt, settings.max_new_tokens)
-        row.pending = first[None].to(draft.device)
-        return row
-
-    def _release(self) -> None:
-        """Let go of the batch's rows and caches (a fixed cache's buffers stay for the next batch's graphs) and the
-        last prompt's shared prefill."""
-        self._shared = None
-        self.prefiller.target.release()
-        self.prefiller.draft.release()
 
     def _step(self, state: RowsInFlight, target: ModelRunner, draft: ModelRunner, timer: PhaseTimer) -> None:
         """One step of every row, written once: plan and propose (`_propose`: every row's tree as `(B, N)` tensors; a
@@ -513,9 +270,8 @@ class BatchDecoder:
             plans = [rows[0].policy.plan()]
         else:
             plans = self.policy.plan_batch([row.policy for row in rows], timed=True not in sampling)
-        if _shared_paths(plans) and len(sampling) == 1:
-            return self._propose_rank_tree(state, pending, plans[0], depths, target, draft, timer)
-        return self._propose_own_trees(state, pending, plans, depths, target, draft, timer)
+        shared = _shared_paths(plans) and len(sampling) == 1
+        return self._propose_trees(state, pending, (plans, shared), depths, target, draft, timer)
 
     def _propose_roots(self, state: RowsInFlight, target: ModelRunner, timer: PhaseTimer) -> Proposal:
         """No row drafts: each row's last token alone, which the target's forward turns into its next token as
@@ -531,63 +287,41 @@ class BatchDecoder:
         start = target.positions(starts)
         return Proposal(drafted, drafted.trees, None, None, None, None, sequences, kept, target_starts, [], [], start)
 
-    def _propose_rank_tree(
+    def _propose_trees(
         self,
         state: RowsInFlight,
         pending: tuple[torch.Tensor, list[int]],
-        plan: TreePlan,
+        plans: tuple[list[TreePlan], bool],
         depths: list[int],
         target: ModelRunner,
         draft: ModelRunner,
         timer: PhaseTimer,
     ) -> Proposal:
-        """Every row drafts the tree `plan` (`draft_rows`), row b at most `depths[b]` levels: a fixed number of
-        operations over all rows per tree level, fed first each row's `pending` tokens ((B, P) and counts)."""
-        rows, (pending, counts) = state.rows, pending
-        draft_starts, target_starts = list(draft.lengths), list(target.lengths)
+        """Every row's tree, fed first each row's `pending` tokens ((B, P) and counts), row b at most `depths[b]`
+        levels. When `plans` say every row drafts one tree of rank paths under one rule (`shared`), it grows as
+        `draft_rows` (a fixed number of operations over all rows per level); else each row's own tree grows by its
+        plan's level rule (`draft_own_trees`), padded to the largest, each row's real nodes counted."""
+        rows, (plans, shared) = state.rows, plans
         processings = [row.settings.draft_processing for row in rows]
         samplers = [row.settings.sampler for row in rows]
-        sequences, draft_sequences, kept = self._row_sequences(state, processings, samplers, target.device)
-        with timer("drafting"):
-            shape = rank_tree_shape(plan.paths, draft.device)
-            inputs = self._growth_inputs(draft, (pending, counts), depths, processings, draft_sequences)
-            drafted = draft_rows(inputs, shape, plan.top_k)
-        trees = drafted.trees.to(target.device)
-        nodes = slice(0, trees.size)
-        visible = rank_tree_shape(plan.paths, target.device).block(nodes, nodes)
-        grown = [drafted.row(b) for b in range(len(rows))]
-        plans = [plan] * len(rows)
-        return Proposal(
-            drafted, trees, visible, None, plans, grown, sequences, kept, target_starts, draft_starts, counts
-        )
-
-    def _propose_own_trees(
-        self,
-        state: RowsInFlight,
-        pending: tuple[torch.Tensor, list[int]],
-        plans: list[TreePlan],
-        depths: list[int],
-        target: ModelRunner,
-        draft: ModelRunner,
-        timer: PhaseTimer,
-    ) -> Proposal:
-        """Every row drafts a tree of its own structure, all grown together by each row's plan's level rule
-        (`draft_own_trees`), padded to the largest, each row's real nodes counted, fed first each row's `pending`
-        tokens ((B, P) and counts)."""
-        rows, fed = state.rows, pending[1]
-        samplers = [row.settings.sampler for row in rows]
-        processings = [row.settings.draft_processing for row in rows]
         sequences, draft_sequences, kept = self._row_sequences(state, processings, samplers, target.device)
         draft_starts, target_starts = list(draft.lengths), list(target.lengths)
         with timer("drafting"):
             inputs = self._growth_inputs(draft, pending, depths, processings, draft_sequences)
-            stacked = draft_own_trees(inputs, plans)
-            grown = [stacked.row(b) for b in range(len(rows))]
-        trees = stacked.trees.to(target.device)
-        visible = with_edges(trees.ancestors)
-        return Proposal(
-            stacked, trees, visible, stacked.sizes, plans, grown, sequences, kept, target_starts, draft_starts, fed
-        )
+            if shared:
+                drafted = draft_rows(inputs, rank_tree_shape(plans[0].paths, draft.device), plans[0].top_k)
+            else:
+                drafted = draft_own_trees(inputs, plans)
+            grown = [drafted.row(b) for b in range(len(rows))]
+        trees = drafted.trees.to(target.device)
+        if shared:
+            nodes = slice(0, trees.size)
+            visible, sizes = rank_tree_shape(plans[0].paths, target.device).block(nodes, nodes), None
+            plans = [plans[0]] * len(rows)
+        else:
+            visible, sizes = with_edges(trees.ancestors), drafted.sizes
+        fed = pending[1]
+        return Proposal(drafted, trees, visible, sizes, plans, grown, sequences, kept, target_starts, draft_starts, fed)
 
     def _growth_inputs(
         self,
@@ -622,7 +356,7 @@ class BatchDecoder:
         )
 
     def _observe_plain(
-        self, rows: list[_Row], plain: list[str | None], accepted: Acceptance, kept: Kept, step_started: float
+        self, rows: list[Row], plain: list[str | None], accepted: Acceptance, kept: Kept, step_started: float
     ) -> None:
         """After a step in which no row drafted: the policies learn what it cost, each row records it, its sink takes
         its token, and the draft owes that token (`missed`)."""
@@ -638,7 +372,7 @@ class BatchDecoder:
 
     def _finish(
         self,
-        rows: list[_Row],
+        rows: list[Row],
         plans: list[TreePlan],
         grown: list[Drafted],
         reports: list[StepReport],
@@ -714,7 +448,7 @@ class BatchDecoder:
         ]
         return sequences, draft_sequences, Kept.SINKS
 
-    def _judge_on_host(self, rows: list[_Row], accepted: Acceptance, logits: torch.Tensor) -> None:
+    def _judge_on_host(self, rows: list[Row], accepted: Acceptance, logits: torch.Tensor) -> None:
         """Keep the scores and logits of what each row emits, from the verification's `logits` (B, N, V) at its
         accepted path, and cut each row whose host-side stopping criteria stop it (`TokenSink.judge`), all rows'
         criteria read at once: nothing runs for rows that ask for neither."""
@@ -753,31 +487,10 @@ class BatchDecoder:
         return plan.pending, plan.pending_counts
 
 
-#: The most padding a batched prefill may carry, as a share of its prompts' own tokens (a padded token costs what a
-#: real one does once the forward is compute-bound).
-PREFILL_PADDING = 0.25
-
-
 def _shared_paths(plans: list[TreePlan]) -> bool:
     """Whether every plan is the same tree of rank paths (so the rows' trees share one structure)."""
     first = plans[0].paths
     return first is not None and all(p.paths is first or p.paths == first for p in plans)
-
-
-def _similar_lengths(requests: list[RowRequest]) -> list[list[RowRequest]]:
-    """The requests in groups of similar prompt lengths (by length), each padded to its longest by at most
-    `PREFILL_PADDING` of its own tokens."""
-    groups: list[list[RowRequest]] = []
-    tokens = 0
-    for request in sorted(requests, key=lambda r: r.target_inputs["input_ids"].shape[1]):
-        length = request.target_inputs["input_ids"].shape[1]
-        if groups and length * (len(groups[-1]) + 1) <= (1 + PREFILL_PADDING) * (tokens + length):
-            groups[-1].append(request)
-            tokens += length
-        else:
-            groups.append([request])
-            tokens = length
-    return groups
 
 
 def observe_step(

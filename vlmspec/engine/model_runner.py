@@ -40,7 +40,6 @@ class ModelRunner(GuardedRunner):
         self.cache = RowCache(adapter.layer_devices(), fixed=compiled is not None)
         self.offsets: list[int] = []
         self._offsets: tuple[list[int], torch.Tensor] | None = None
-        self._eager = False
         self.refresh()
 
     def refresh(self) -> None:
@@ -114,25 +113,27 @@ class ModelRunner(GuardedRunner):
         start: torch.Tensor,
         visible: torch.Tensor | None,
         counts: list[int] | None = None,
+        eager: bool = False,
     ) -> torch.Tensor:
         """Every row feeds `tokens` (B, q) at positions `start[b] + depths` (`depths` (q,) or (B, q)); row b's first
         `counts[b]` (all, by default) enter its cache. With `visible` (q, w), as `with_edges` gives it (q, w + 2),
         every row's query i sees, of the row's last w keys after this forward (its own and earlier tree levels'), the
         marked ones, and every key before them; with (B, q, w + 2) each row marks its own (trees of different
         shapes); with None, the row's keys up to its own (a causal block). Returns the logits (B, q, V). A fixed
-        number of operations, whatever the rows."""
+        number of operations, whatever the rows. `eager` runs the model's own forward where a compiled one is held
+        (what the compile check compares the compiled forwards with)."""
         cache, device = self.cache, self.device
         rows, q = tokens.shape
         cache.prepare(self._fed(q))
         counts = [q] * rows if counts is None else counts
         if rows == 1 and not cache.fixed and q == 1 and visible is None:
             # One token sees every key: unmasked, as `generate`'s step attends (a plain step).
-            return self._run(tokens, start[:, None] + depths, None, counts)
+            return self._run(tokens, start[:, None] + depths, None, counts, eager)
         if rows == 1 and not cache.fixed:
             # One row sees every key before its block: the mask covers the block alone, and the prefix is attended
             # unmasked on the fused kernel (`tree_block_attention`), whose cost stays flat as long prompts grow.
             block = arange(q, device)[None, :] <= arange(q, device)[:, None] if visible is None else visible[..., 1:-1]
-            return self._run(tokens, start[:, None] + depths, block.reshape(1, q, -1), counts)
+            return self._run(tokens, start[:, None] + depths, block.reshape(1, q, -1), counts, eager)
         relative = arange(cache.span, device)[None, :] - cache.starts[:rows, None]
         if visible is None:
             seen = relative[:, None, :] <= arange(q, device)[None, :, None]
@@ -143,7 +144,7 @@ class ModelRunner(GuardedRunner):
                 seen = visible[:, columns].transpose(0, 1)
             else:
                 seen = visible.gather(2, columns[:, None, :].expand(-1, q, -1))
-        return self._run(tokens, start[:, None] + depths, seen, counts)
+        return self._run(tokens, start[:, None] + depths, seen, counts, eager)
 
     def warm_up(self, largest: int) -> None:
         """Run the compiled forward once at every padded size up to `largest` tokens over the rows (compiling each),
@@ -170,17 +171,16 @@ class ModelRunner(GuardedRunner):
         lengths, device = list(self.cache.lengths), self.device
         start = self.positions(host_values(lengths, device))
         fed, chosen = [first.to(device)], []
-        self._eager = not compiled
         try:
             for i in range(CHECK_TOKENS):
-                logits = self.forward_rows(fed[-1][:, None], arange(1, device), start + i, None)
+                logits = self.forward_rows(fed[-1][:, None], arange(1, device), start + i, None, eager=not compiled)
                 chosen.append(logits[:, -1].argmax(-1))
                 fed.append(chosen[-1])
             self.cache.lengths = list(lengths)
             block = torch.stack(fed[:-1], 1)
-            chosen += list(self.forward_rows(block, arange(CHECK_TOKENS, device), start, None).argmax(-1).T)
+            logits = self.forward_rows(block, arange(CHECK_TOKENS, device), start, None, eager=not compiled)
+            chosen += list(logits.argmax(-1).T)
         finally:
-            self._eager = False
             self.cache.lengths = lengths
         return torch.stack(chosen, 1).tolist()
 
@@ -199,7 +199,12 @@ class ModelRunner(GuardedRunner):
         return padded_size(q) if self.cache.fixed else q
 
     def _run(
-        self, tokens: torch.Tensor, positions: torch.Tensor, seen: torch.Tensor | None, counts: list[int]
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        seen: torch.Tensor | None,
+        counts: list[int],
+        eager: bool = False,
     ) -> torch.Tensor:
         """The forward over `tokens` (B, q) at `positions`, each query seeing the keys `seen` (B, q, span) marks (None:
         every key, no mask); the first `counts[b]` of row b enter its cache. Returns the logits (B, q, V)."""
@@ -217,7 +222,7 @@ class ModelRunner(GuardedRunner):
             use_cache=True,
         )
         with tree_attention(self.adapter.language_model.config):
-            if self.compiled is None or self._eager:
+            if self.compiled is None or eager:
                 logits = self.adapter.model(**inputs).logits
             else:
                 try:

@@ -1,4 +1,5 @@
-"""The rows in flight as one explicit state: what every step reads of all rows at once, held as tensors.
+"""The sequences a batch decodes: each one's request, its row while in flight and its result, and the rows in flight
+as one explicit state, what every step reads of all rows at once, held as tensors.
 
 `RowsInFlight` is made when rows join or leave the batch (never patched by matching objects) and carried from step to
 step: the tokens each row's draft has not seen `(B, P)` with their counts, the rows' EOS ids `(B, E)`, their stop-string
@@ -9,29 +10,96 @@ pending ones before the next drafting step, and the emitted tokens advance the w
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any
 
 import torch
 
+from ..policies import TreePolicy
 from .device_tensors import host_values
 from .sequence import DecodeSettings, TokenSink
+from .stats import SpecStats
 from .stopping import StringCheck, string_check
 
 
-class InFlight(Protocol):
-    """What the state reads of a row: its sink, its settings, the most positions its sequence can reach, and its
-    tokens the draft has not seen (`pending` on the device; `catch_up` puts the ones plain steps emitted after them and
-    says whether there were any)."""
+@dataclass
+class RowRequest:
+    """One sequence to decode: its own (unpadded) inputs for each model, the ids its output starts with (`prompt`
+    (1, P): a padded batch's row keeps its padding there) and how to decode it. `key` names it in the results;
+    `streamer` (transformers' streamer protocol) follows its tokens as they are emitted; setting `cancel` (from any
+    thread) frees its row at the next step."""
 
-    sink: TokenSink
-    settings: DecodeSettings
-    pending: torch.Tensor | None
+    key: Any
+    target_inputs: dict[str, Any]
+    draft_inputs: dict[str, Any]
+    prompt: torch.Tensor
+    settings: DecodeSettings | None
+    error: Exception | None = None
+    streamer: Any = None
+    cancel: threading.Event | None = None
 
     @property
-    def positions(self) -> int: ...
+    def cancelled(self) -> bool:
+        return self.cancel is not None and self.cancel.is_set()
 
-    def catch_up(self, device: torch.device) -> bool: ...
+    @property
+    def positions(self) -> int:
+        """The most positions its sequence can reach (prompt and token budget)."""
+        return self.prompt.shape[1] + self.settings.max_new_tokens
+
+
+@dataclass
+class RowResult:
+    """A finished sequence: `sequence` (1, P + n) is the prompt then its new tokens, `stats` its own statistics; or
+    the `error` it failed with (then both are None). `scores` and `logits` hold, when its settings ask for them, the
+    target's processed scores and raw logits (1, V) that chose each new token, as `generate` returns them."""
+
+    key: Any
+    sequence: torch.Tensor | None
+    stats: SpecStats | None
+    error: Exception | None = None
+    scores: tuple[torch.Tensor, ...] | None = None
+    logits: tuple[torch.Tensor, ...] | None = None
+
+
+class Row:
+    """A sequence in flight: its request, emitted tokens, policy state and the tokens the draft has not seen yet:
+    `pending` on the device, then `missed` on the host (emitted by plain steps, fed when it next drafts)."""
+
+    def __init__(self, request: RowRequest, policy: TreePolicy, streaming: bool = True):
+        self.request = request
+        self.settings = request.settings
+        self.sink = TokenSink(request.prompt, request.settings, request.streamer if streaming else None)
+        self.policy = policy
+        self.stats = SpecStats()
+        self.started = time.perf_counter()
+        self.pending: torch.Tensor | None = None
+        self.missed: list[int] = []
+
+    @property
+    def positions(self) -> int:
+        """The most positions its sequence can reach (prompt and token budget)."""
+        return self.request.positions
+
+    def catch_up(self, device: torch.device) -> bool:
+        """Put the tokens plain steps emitted after the draft's `pending` ones, to be fed at its next forward; says
+        whether there were any."""
+        if not self.missed:
+            return False
+        self.pending = torch.cat([self.pending, host_values(self.missed, device)])
+        self.missed = []
+        return True
+
+    def result(self) -> RowResult:
+        self.sink.close()
+        self.stats.new_tokens = self.sink.new_tokens
+        self.stats.finish(time.perf_counter() - self.started)
+        sink = self.sink
+        scores = None if sink.scores is None else tuple(sink.scores)
+        logits = None if sink.logits is None else tuple(sink.logits)
+        return RowResult(self.request.key, sink.sequence, self.stats, scores=scores, logits=logits)
 
 
 @dataclass
@@ -44,7 +112,7 @@ class TokenHistory:
     lengths: list[int]
 
     @classmethod
-    def of(cls, rows: list[InFlight], device: torch.device) -> TokenHistory:
+    def of(cls, rows: list[Row], device: torch.device) -> TokenHistory:
         """The rows' sequences from their sinks, with room for each to reach its last position."""
         own = [row.sink.sequence[0].to(device) for row in rows]
         capacity = max(row.positions for row in rows) + 1
@@ -76,7 +144,7 @@ class RowsInFlight:
     from the rows); `history` the rows' tokens so far where the step keeps them on the device (None elsewhere);
     `alone` whether each sequence decodes alone (a batch of one), so that it plans as one sequence does."""
 
-    rows: list[InFlight]
+    rows: list[Row]
     alone: bool
     eos: torch.Tensor
     strings: StringCheck | None
@@ -85,7 +153,7 @@ class RowsInFlight:
     history: TokenHistory | None = None
 
     @classmethod
-    def of(cls, rows: list[InFlight], alone: bool, device: torch.device) -> RowsInFlight:
+    def of(cls, rows: list[Row], alone: bool, device: torch.device) -> RowsInFlight:
         """The state of `rows` as they joined or stayed, its EOS ids and stop-string windows on `device` (the
         target's, where the step's acceptance runs)."""
         ids = [row.settings.eos_token_ids.to(device) for row in rows]

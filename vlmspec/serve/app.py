@@ -25,7 +25,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..engine.batch import RowResult
+from ..engine.rows import RowResult
 from ..errors import RequestCancelled, VLMSpecError
 from ..processors.checks import check_context
 from ..processors.inputs import VisualInputs

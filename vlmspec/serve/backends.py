@@ -16,7 +16,7 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 from ..adapters import adapter_for
-from ..engine.batch import RowRequest, RowResult
+from ..engine.rows import RowRequest, RowResult
 from ..engine.schedule import Arrivals
 from ..errors import RequestCancelled
 from ..speculative import SpeculativeVLM
