@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from vlmspec.engine.accept import Verdict, accept_greedy_rows, accept_sampled_rows, deepest_rows
-from vlmspec.engine.report import emitted_rows
+from vlmspec.engine.acceptance import emitted_rows
 from vlmspec.engine.tree import Tree
 
 

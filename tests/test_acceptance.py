@@ -8,8 +8,8 @@ import torch
 from one_tree import accept_greedy, accept_sampled, emitted_tokens
 
 from vlmspec.engine.accept import Verdict, accept_greedy_rows, accept_sampled_rows
+from vlmspec.engine.acceptance import StepReport, emitted_rows, pack_rows
 from vlmspec.engine.commit import plan_commit
-from vlmspec.engine.report import StepReport, emitted_rows, pack_rows
 from vlmspec.engine.tree import Tree, Trees, rank_tree_shape
 from vlmspec.policies import RankTreePlan
 from vlmspec.policies.static import SPECVLM_TREE

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from vlmspec.engine.acceptance import StepReport
 from vlmspec.engine.commit import plan_commit
-from vlmspec.engine.report import StepReport
 
 CPU = torch.device("cpu")
 #: The accepted node at each depth from the root, and the step's emitted tokens: the accepted draft tokens, then the

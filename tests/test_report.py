@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from one_tree import accept_greedy, emitted_tokens, made_tree
 
-from vlmspec.engine.report import pack_rows, read_rows
+from vlmspec.engine.acceptance import pack_rows, read_rows
 from vlmspec.eval.profile import LaunchCounter
 
 EOS = torch.tensor([99])

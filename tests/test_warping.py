@@ -8,9 +8,9 @@ from one_tree import made_tree
 from transformers import LogitsProcessorList
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from vlmspec.engine.acceptance import GrownTrees, accept_trees
-from vlmspec.engine.choice import NodeProcessing, TargetSampler
-from vlmspec.engine.draft import Drafted
+from vlmspec.engine.acceptance import accept_trees
+from vlmspec.engine.draft import Drafted, GrownTrees
+from vlmspec.engine.processing import NodeProcessing, TargetSampler
 from vlmspec.eval.profile import LaunchCounter
 
 SEQUENCE = torch.zeros(1, 3, dtype=torch.long)

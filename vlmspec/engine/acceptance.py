@@ -1,5 +1,7 @@
-"""One step of many sequences as `(B, N)` tensors: every row's grown trees (`GrownTrees`, grown in `grow.py`) and
-their acceptance, which runs as a fixed number of operations over all rows, its results read once for all rows.
+"""A step's acceptance of every row as `(B, N)` tensors: the acceptance rules' verdicts over the grown trees
+(`GrownTrees`), the tokens each row emits, its first EOS, stop string and token budget settled on the device, and one
+packed read that tells the host what it must know (how many tokens each row emits and which, whether it stops, the
+accepted path for the caches, the policy's statistics). A fixed number of operations over all rows.
 
 A row near its token budget drafts the same levels as the others; its nodes past what the budget allows are
 invalid (never accepted), and a row with its own generator draws only its valid nodes' uniforms, so it decodes as
@@ -9,108 +11,17 @@ processors see each node's own sequence); without processors nothing here loops 
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from .accept import Verdict, accept_greedy_rows, accept_sampled_rows
-from .choice import NodeProcessing, TargetSampler
-from .device_tensors import host_values, zeros
-from .draft import Drafted
-from .report import StepReport, emitted_rows, pack_rows, read_rows
+from .device_tensors import arange, host_values
+from .draft import GrownTrees
+from .processing import NodeProcessing, RowSequences, TargetSampler, same_processing, uniform_processing
 from .stopping import StringCheck
-from .tree import Trees
-
-
-@dataclass
-class GrownTrees:
-    """Every row's tree of a step, the draft's root log-probabilities (B, V), how many levels of each row's tree the
-    draft cache holds, each row's greedy depth (B,) and valid nodes (`sizes`, host), the draft forwards and tokens
-    fed (padding included), and each row's map from node to the slot the draft was fed it at when its levels were
-    padded (`slots`; None, or None for a row, where nodes and slots coincide)."""
-
-    trees: Trees
-    root_log_probs: torch.Tensor
-    cached_depths: list[int]
-    greedy_depth: torch.Tensor
-    sizes: list[int]
-    depths: list[int]
-    forwards: int
-    fed_tokens: int
-    slots: Sequence[list[int] | None] | None = None
-
-    def row(self, b: int) -> Drafted:
-        """Row `b`'s tree cut to its valid nodes (views)."""
-        tree = self.trees.row(b, self.sizes[b], self.depths[b])
-        slots = None if self.slots is None else self.slots[b]
-        return Drafted(
-            tree,
-            self.root_log_probs[b],
-            self.cached_depths[b],
-            self.greedy_depth[b],
-            self.forwards,
-            self.fed_tokens,
-            slots,
-        )
-
-    @staticmethod
-    def one(grown: Drafted) -> GrownTrees:
-        """One tree as a batch of one (views)."""
-        return GrownTrees(
-            grown.tree.rows(),
-            grown.root_log_probs[None],
-            [grown.cached_depth],
-            grown.greedy_depth[None],
-            [grown.tree.size],
-            [grown.tree.depth],
-            grown.forwards,
-            grown.fed_tokens,
-        )
-
-
-def root_trees(roots: torch.Tensor) -> GrownTrees:
-    """A step that drafts nothing, as trees of their root alone: every row's last token `roots` (B,), which the
-    target's forward turns into its next token as `generate`'s step does. No draft forward ran (the draft catches up
-    on the tokens it missed when it next drafts)."""
-    device, rows = roots.device, roots.shape[0]
-    nothing, no_log_probs = zeros(rows, device), zeros(rows, device, torch.float32)[:, None]
-    parents, ancestors = _root_structure(device)
-    trees = Trees(roots[:, None], no_log_probs, parents, nothing[:1], ancestors, 0)
-    return GrownTrees(trees, no_log_probs, [0] * rows, nothing, [1] * rows, [0] * rows, 0, 0)
-
-
-@functools.cache
-def _root_structure(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """A one-node tree's parents ([-1]) and ancestors ([[True]]) on `device`, made once."""
-    return torch.full((1,), -1, dtype=torch.long, device=device), torch.ones(1, 1, dtype=torch.bool, device=device)
-
-
-#: Each row's tokens so far: one `(B, T)` tensor (each row padded with its own last token) when the rows share a
-#: processing, else a list of each row's `(1, T_b)` (None where nothing reads it).
-RowSequences = torch.Tensor | Sequence[torch.Tensor | None]
-
-
-def uniform_processing(processings: Sequence[NodeProcessing | None]) -> bool:
-    """Whether no row processes its logits (so every row's log-probabilities come from one batched operation)."""
-    return all(p is None or not (p.sequence_processors or p.warpers) for p in processings)
-
-
-def common_processing(processings: Sequence[NodeProcessing | None]) -> NodeProcessing | None:
-    """The processing every row's equals, when one call can serve all rows (its sequence processors read a sequence
-    as a set of ids); None when rows differ or none can."""
-    shared = same_processing(processings)
-    return shared if shared is not None and shared.batches_rows else None
-
-
-def same_processing(processings: Sequence[NodeProcessing | None]) -> NodeProcessing | None:
-    """The processing every row's equals (one call may then serve nodes of many rows whose sequences are equally
-    long, `NodeProcessing.process_nodes`); None when rows differ."""
-    first = processings[0]
-    if first is None or not all(p is first or (p is not None and p.key == first.key) for p in processings):
-        return None
-    return first
+from .tree import Tree, Trees
 
 
 @dataclass
@@ -252,4 +163,166 @@ def _by_rule(sampling: torch.Tensor, sampled: Verdict, greedy: Verdict) -> Verdi
         torch.where(sampling, sampled.accepted, greedy.accepted),
         torch.where(sampling, sampled.bonus, greedy.bonus),
         doubt,
+    )
+
+
+@dataclass
+class StepReport:
+    """One step as the host sees it, after its single read.
+
+    `count` tokens of `tokens` are emitted (the accepted draft tokens, then the bonus token, cut after the first
+    EOS and at the budget); `finished` says decoding stops; `doubt` that the verdict must be drawn again. `path`
+    holds the accepted nodes from the root on. `statistics` are the policy's values; `tree_parents` and
+    `tree_log_probs` the tree's, when asked for.
+    """
+
+    accepted: int
+    count: int
+    finished: bool
+    doubt: bool
+    greedy_depth: int
+    tokens: list[int]
+    path: list[int]
+    statistics: list[float]
+    tree_parents: list[int] | None = None
+    tree_log_probs: list[float] | None = None
+
+
+def emitted_rows(trees: Trees, verdict: Verdict) -> torch.Tensor:
+    """Every row's emitted tokens (B, depth + 1): the accepted draft tokens, then the bonus token (what follows it is
+    padding)."""
+    bonus = verdict.bonus[:, None]
+    if verdict.path.shape[1] == 1:  # nothing drafted (a plain step)
+        return bonus
+    tokens = torch.cat([trees.tokens.gather(1, verdict.path[:, 1:]), bonus], dim=1)
+    return tokens.scatter(1, verdict.accepted[:, None], bonus)
+
+
+@dataclass
+class PackedStep:
+    """A step's results on the device as one float64 vector, and the sizes that cut it back into a `StepReport`."""
+
+    values: torch.Tensor
+    nodes: int
+    depth: int
+    statistics: int
+    with_tree: bool
+
+
+def read_rows(
+    packed: torch.Tensor, trees: Trees, tokens: torch.Tensor, with_tree: bool, sizes: list[int] | None = None
+) -> list[StepReport]:
+    """Read a step's packed rows (`pack_rows`) once and cut each into its `StepReport`; `sizes` are the rows' own
+    node counts when their trees are padded (all `trees.size` by default)."""
+    values = packed.tolist()
+    width = packed_width(trees, tokens, with_tree)
+    layout = PackedStep(packed[0], trees.size, tokens.shape[1], packed.shape[1] - width, with_tree)
+    return [unpack_step(row, layout, None if sizes is None else sizes[b]) for b, row in enumerate(values)]
+
+
+def packed_width(tree: Tree | Trees, tokens: torch.Tensor, with_tree: bool) -> int:
+    """How many values a row's packed step holds besides its statistics."""
+    return 5 + 2 * tokens.shape[-1] + (2 * tree.size if with_tree else 0)
+
+
+def pack_rows(
+    trees: Trees,
+    verdict: Verdict,
+    tokens: torch.Tensor,
+    eos_token_ids: torch.Tensor,
+    rooms: list[int],
+    greedy_depth: torch.Tensor,
+    statistics: torch.Tensor | None = None,
+    with_tree: bool = False,
+    stops: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Settle EOS, stop strings and the budget on the device and pack what the host must know of every row, a float64
+    `(B, values)` matrix read in one go (`read_rows`): `tokens` (B, depth + 1) are
+    each row's emitted tokens, `eos_token_ids` (B, E) its EOS ids (padded with -1), `rooms` its tokens left,
+    `statistics` (B, s) its policy's values, `stops` (B, depth + 1) whether a stop string ends right after each
+    token (None: no row has any)."""
+    device = tokens.device
+    rows = tokens.shape[0]
+    if tokens.shape[1] == 1 and statistics is None and not with_tree:
+        return _pack_one_token(verdict, tokens, eos_token_ids, rooms, stops)
+    offered = verdict.accepted + 1
+    positions = arange(tokens.shape[1], device)
+    ends = (tokens[:, :, None] == eos_token_ids[:, None, :]).any(-1)
+    if stops is not None:
+        ends = ends | stops
+    ends = ends & (positions[None] < offered[:, None])
+    hit = ends.any(1)
+    count = torch.where(hit, ends.to(torch.uint8).argmax(1) + 1, offered)
+    room = rooms[0] if rows == 1 else host_values(rooms, device)
+    finished = hit | (count >= room)
+    flags = finished.long()[:, None] if verdict.doubt is None else torch.stack([finished, verdict.doubt], 1).long()
+    head = [verdict.accepted[:, None], count.clamp_max(room)[:, None], flags]
+    if verdict.doubt is None:
+        head.append(torch.zeros_like(flags))
+    head.append(greedy_depth.to(device).long()[:, None])
+    whole = torch.cat(head + [tokens, verdict.path], dim=1).to(torch.float64)
+    parts = [] if statistics is None else [statistics.to(device)]
+    if with_tree:
+        parts += [trees.row_parents(), trees.log_probs]
+    return torch.cat([whole] + [p.to(torch.float64) for p in parts], dim=1) if parts else whole
+
+
+def _pack_one_token(
+    verdict: Verdict,
+    tokens: torch.Tensor,
+    eos_token_ids: torch.Tensor,
+    rooms: list[int],
+    stops: torch.Tensor | None,
+) -> torch.Tensor:
+    """`pack_rows` of a step that drafted nothing (each row emits its one token `tokens` (B, 1)): the same layout,
+    with what is known on the host (nothing accepted, one token emitted, which rows reach their budget) written from
+    a kept template rather than computed, as `generate`'s step checks only its token against EOS and the budget."""
+    rows, device = tokens.shape[0], tokens.device
+    ends = (tokens == eos_token_ids).any(1)
+    if stops is not None:
+        ends = ends | stops[:, 0]
+    if min(rooms) <= 1:
+        ends = ends | host_values([room <= 1 for room in rooms], device, torch.bool)
+    packed = _one_token_rows(rows, device).clone()
+    packed[:, 2] = ends
+    if verdict.doubt is not None:
+        packed[:, 3] = verdict.doubt
+    packed[:, 5] = tokens[:, 0]
+    return packed
+
+
+#: Per device, rows of a packed one-token step as far as the host knows them (see `_one_token_rows`).
+_ONE_TOKEN: dict[torch.device, torch.Tensor] = {}
+
+
+def _one_token_rows(rows: int, device: torch.device) -> torch.Tensor:
+    """`rows` packed one-token steps as far as the host knows them: accepted 0, count 1, not finished, no doubt,
+    greedy depth 0, token 0, path [0] (a view of one kept tensor, grown as batches grow: never write into it)."""
+    device = torch.device(device)
+    held = _ONE_TOKEN.get(device)
+    if held is None or held.shape[0] < rows:
+        held = torch.zeros(max(rows, 64), 7, dtype=torch.float64, device=device)
+        held[:, 1] = 1.0
+        _ONE_TOKEN[device] = held
+    return held[:rows]
+
+
+def unpack_step(values: list[float], packed: PackedStep, nodes: int | None = None) -> StepReport:
+    """The `StepReport` of a packed step, from its values as read; a padded tree's first `nodes` are its own."""
+    n, depth, stats = packed.nodes, packed.depth, packed.statistics
+    own = n if nodes is None else nodes
+    head, values = values[:5], values[5:]
+    tokens_host, path, values = values[:depth], values[depth : 2 * depth], values[2 * depth :]
+    accepted = int(head[0])
+    return StepReport(
+        accepted=accepted,
+        count=int(head[1]),
+        finished=bool(head[2]),
+        doubt=bool(head[3]),
+        greedy_depth=int(head[4]),
+        tokens=[int(t) for t in tokens_host],
+        path=[int(i) for i in path[: accepted + 1]],
+        statistics=values[:stats],
+        tree_parents=[int(i) for i in values[stats : stats + own]] if packed.with_tree else None,
+        tree_log_probs=values[stats + n : stats + n + own] if packed.with_tree else None,
     )

@@ -21,23 +21,14 @@ import torch
 
 from ..errors import RequestCancelled
 from ..policies import BatchShape, StepOutcome, TreePlan, TreePolicy
-from .acceptance import (
-    Acceptance,
-    GrownTrees,
-    RowSequences,
-    accept_trees,
-    common_processing,
-    root_trees,
-    uniform_processing,
-)
-from .choice import NodeProcessing, TargetSampler
+from .acceptance import Acceptance, StepReport, accept_trees
 from .commit import plan_commit
 from .device_tensors import host_values
-from .draft import Drafted
+from .draft import Drafted, GrownTrees, root_trees
 from .grow import GrowthInputs, draft_own_trees, draft_rows
 from .model_runner import ModelRunner
 from .prefill import Prefiller
-from .report import StepReport
+from .processing import NodeProcessing, RowSequences, TargetSampler, common_processing, uniform_processing
 from .rows import Row, RowRequest, RowResult, RowsInFlight
 from .schedule import Admission, Arrivals
 from .stats import PhaseTimer, SpecStats, StepRecord

@@ -1,14 +1,17 @@
-"""A grown draft tree as one row holds it, and the draft's proposal log-probabilities under a row's processing."""
+"""A grown draft tree, as one row holds it (`Drafted`) and as a step's rows hold theirs (`GrownTrees`, `root_trees`
+for a step that drafts nothing), and the draft's proposal log-probabilities under a row's processing."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from .choice import NodeProcessing
-from .tree import Tree
+from .device_tensors import zeros
+from .processing import NodeProcessing
+from .tree import Tree, Trees
 
 # Log-probabilities are ranked above this floor; tokens the warpers cut are ranked below it, by processed order.
 _RANK_FLOOR = 1e4
@@ -97,3 +100,66 @@ def proposal_log_probs(
     log_probs = processing.log_probs(scores.flatten(0, 1), first).view_as(scores)
     cut = ranked.clamp_min(-_RANK_FLOOR) - 2 * _RANK_FLOOR
     return log_probs, torch.where(log_probs > -torch.inf, log_probs.clamp_min(-_RANK_FLOOR), cut)
+
+
+@dataclass
+class GrownTrees:
+    """Every row's tree of a step, the draft's root log-probabilities (B, V), how many levels of each row's tree the
+    draft cache holds, each row's greedy depth (B,) and valid nodes (`sizes`, host), the draft forwards and tokens
+    fed (padding included), and each row's map from node to the slot the draft was fed it at when its levels were
+    padded (`slots`; None, or None for a row, where nodes and slots coincide)."""
+
+    trees: Trees
+    root_log_probs: torch.Tensor
+    cached_depths: list[int]
+    greedy_depth: torch.Tensor
+    sizes: list[int]
+    depths: list[int]
+    forwards: int
+    fed_tokens: int
+    slots: Sequence[list[int] | None] | None = None
+
+    def row(self, b: int) -> Drafted:
+        """Row `b`'s tree cut to its valid nodes (views)."""
+        tree = self.trees.row(b, self.sizes[b], self.depths[b])
+        slots = None if self.slots is None else self.slots[b]
+        return Drafted(
+            tree,
+            self.root_log_probs[b],
+            self.cached_depths[b],
+            self.greedy_depth[b],
+            self.forwards,
+            self.fed_tokens,
+            slots,
+        )
+
+    @staticmethod
+    def one(grown: Drafted) -> GrownTrees:
+        """One tree as a batch of one (views)."""
+        return GrownTrees(
+            grown.tree.rows(),
+            grown.root_log_probs[None],
+            [grown.cached_depth],
+            grown.greedy_depth[None],
+            [grown.tree.size],
+            [grown.tree.depth],
+            grown.forwards,
+            grown.fed_tokens,
+        )
+
+
+def root_trees(roots: torch.Tensor) -> GrownTrees:
+    """A step that drafts nothing, as trees of their root alone: every row's last token `roots` (B,), which the
+    target's forward turns into its next token as `generate`'s step does. No draft forward ran (the draft catches up
+    on the tokens it missed when it next drafts)."""
+    device, rows = roots.device, roots.shape[0]
+    nothing, no_log_probs = zeros(rows, device), zeros(rows, device, torch.float32)[:, None]
+    parents, ancestors = _root_structure(device)
+    trees = Trees(roots[:, None], no_log_probs, parents, nothing[:1], ancestors, 0)
+    return GrownTrees(trees, no_log_probs, [0] * rows, nothing, [1] * rows, [0] * rows, 0, 0)
+
+
+@functools.cache
+def _root_structure(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A one-node tree's parents ([-1]) and ancestors ([[True]]) on `device`, made once."""
+    return torch.full((1,), -1, dtype=torch.long, device=device), torch.ones(1, 1, dtype=torch.bool, device=device)

@@ -15,11 +15,10 @@ from dataclasses import dataclass, field
 import torch
 
 from ..policies import LevelChoice, LevelRules, TreePlan
-from .acceptance import GrownTrees, RowSequences, same_processing, uniform_processing
-from .choice import NodeProcessing
 from .device_tensors import arange, host_values
-from .draft import proposal_log_probs, sequence_proposal_log_probs
+from .draft import GrownTrees, proposal_log_probs, sequence_proposal_log_probs
 from .model_runner import ModelRunner
+from .processing import NodeProcessing, RowSequences, same_processing, uniform_processing
 from .tree import Trees, TreeShape
 
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import torch
 
-from .choice import NodeProcessing, TargetSampler
+from .acceptance import StepReport
 from .device_tensors import host_values
-from .report import StepReport
+from .processing import NodeProcessing, TargetSampler
 from .stopping import Stopping, first_stop
 
 

@@ -24,7 +24,7 @@ from transformers.generation.stopping_criteria import (
     StopStringCriteria,
 )
 
-from ..engine.choice import NodeProcessing, TargetSampler
+from ..engine.processing import NodeProcessing, TargetSampler
 from ..engine.sequence import DecodeSettings
 from ..engine.stopping import Stopping
 from ..errors import UnsupportedGenerationError

@@ -374,3 +374,29 @@ class TargetSampler:
         if doubt is not None and bool(doubt):
             probs, _ = self.processing.distribution(scores, sequence, compact=False)
         return draw(probs[0], self.generator)
+
+
+#: Each row's tokens so far: one `(B, T)` tensor (each row padded with its own last token) when the rows share a
+#: processing, else a list of each row's `(1, T_b)` (None where nothing reads it).
+RowSequences = torch.Tensor | Sequence[torch.Tensor | None]
+
+
+def uniform_processing(processings: Sequence[NodeProcessing | None]) -> bool:
+    """Whether no row processes its logits (so every row's log-probabilities come from one batched operation)."""
+    return all(p is None or not (p.sequence_processors or p.warpers) for p in processings)
+
+
+def common_processing(processings: Sequence[NodeProcessing | None]) -> NodeProcessing | None:
+    """The processing every row's equals, when one call can serve all rows (its sequence processors read a sequence
+    as a set of ids); None when rows differ or none can."""
+    shared = same_processing(processings)
+    return shared if shared is not None and shared.batches_rows else None
+
+
+def same_processing(processings: Sequence[NodeProcessing | None]) -> NodeProcessing | None:
+    """The processing every row's equals (one call may then serve nodes of many rows whose sequences are equally
+    long, `NodeProcessing.process_nodes`); None when rows differ."""
+    first = processings[0]
+    if first is None or not all(p is first or (p is not None and p.key == first.key) for p in processings):
+        return None
+    return first
