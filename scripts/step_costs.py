@@ -34,8 +34,8 @@ from transformers import AutoConfig, PreTrainedModel
 
 from vlmspec import SpeculativeVLM
 from vlmspec.adapters import adapter_for
+from vlmspec.device_tensors import host_values
 from vlmspec.engine.compiled import compiled_forward
-from vlmspec.engine.device_tensors import host_values
 from vlmspec.engine.model_runner import ModelRunner
 from vlmspec.engine.tree import Tree, with_edges
 from vlmspec.eval.bench import compiled_generate_config

@@ -8,7 +8,7 @@ from conftest import DEVICE
 
 from vlmspec import SpeculativeVLM
 from vlmspec.adapters import adapter_for
-from vlmspec.engine.device_tensors import host_values
+from vlmspec.device_tensors import host_values
 from vlmspec.eval.profile import LaunchCounter, markdown_table, profile_generate, profile_policy
 from vlmspec.testing import noisy_copy, tiny_qwen2_5_vl
 

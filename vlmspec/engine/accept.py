@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .device_tensors import arange, zeros
+from ..device_tensors import arange, zeros
 from .tree import Trees
 
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..device_tensors import arange, host_values
 from .accept import Verdict, accept_greedy_rows, accept_sampled_rows
-from .device_tensors import arange, host_values
 from .draft import GrownTrees
 from .processing import NodeProcessing, RowSequences, TargetSampler, same_processing, uniform_processing
 from .stopping import StringCheck

@@ -19,11 +19,11 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from ..device_tensors import host_values
 from ..errors import RequestCancelled
 from ..policies import BatchShape, StepOutcome, TreePlan, TreePolicy
 from .acceptance import Acceptance, StepReport, accept_trees
 from .commit import plan_commit
-from .device_tensors import host_values
 from .draft import Drafted, GrownTrees, root_trees
 from .grow import GrowthInputs, draft_own_trees, draft_rows
 from .model_runner import ModelRunner

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..device_tensors import host_values
 from .acceptance import StepReport
-from .device_tensors import host_values
 
 
 @dataclass

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .device_tensors import zeros
+from ..device_tensors import zeros
 from .processing import NodeProcessing
 from .tree import Tree, Trees
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..device_tensors import arange, host_values
 from ..policies import LevelChoice, LevelRules, TreePlan
-from .device_tensors import arange, host_values
 from .draft import GrownTrees, proposal_log_probs, sequence_proposal_log_probs
 from .model_runner import ModelRunner
 from .processing import NodeProcessing, RowSequences, same_processing, uniform_processing

@@ -20,8 +20,8 @@ import torch
 from transformers import DynamicCache, PretrainedConfig
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer, DynamicSlidingWindowLayer
 
+from ..device_tensors import arange, host_values
 from .compiled import fixed_capacity, row_bucket
-from .device_tensors import arange, host_values
 from .schedule import compaction
 
 #: Room kept past the prompt and the token budget for a step's tree nodes and pending tokens.

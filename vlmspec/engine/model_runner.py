@@ -10,8 +10,8 @@ import torch
 
 from ..adapters import ModelAdapter
 from ..attention import tree_attention
+from ..device_tensors import arange, host_values
 from .compiled import CHECK_TOKENS, CompileGuard, GuardedRunner, padded_size, padded_sizes
-from .device_tensors import arange, host_values
 from .kv_cache import TREE_ROOM, PromptSlot, RowCache, check_cache
 
 

@@ -30,8 +30,8 @@ from transformers.generation.logits_process import (
     TypicalLogitsWarper,
 )
 
+from ..device_tensors import host_values
 from .accept import draw
-from .device_tensors import host_values
 
 _ROW_WISE = (
     TemperatureLogitsWarper,

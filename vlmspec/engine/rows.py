@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
+from ..device_tensors import host_values
 from ..policies import TreePolicy
-from .device_tensors import host_values
 from .sequence import DecodeSettings, TokenSink
 from .stats import SpecStats
 from .stopping import StringCheck, string_check

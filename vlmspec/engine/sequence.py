@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
+from ..device_tensors import host_values
 from .acceptance import StepReport
-from .device_tensors import host_values
 from .processing import NodeProcessing, TargetSampler
 from .stopping import Stopping, first_stop
 

@@ -18,7 +18,7 @@ import torch
 from transformers import StoppingCriteriaList
 from transformers.generation.stopping_criteria import MaxTimeCriteria, StopStringCriteria
 
-from .device_tensors import arange, host_values
+from ..device_tensors import arange, host_values
 
 #: An id past every vocabulary: `StopStringCriteria` clips it to its dummy token, which matches no stop string, so
 #: it pads the windows of sequences shorter than a stop string can span.

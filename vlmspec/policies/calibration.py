@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..engine.device_tensors import host_values
+from ..device_tensors import host_values
 
 
 class AcceptanceCalibration:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..engine.device_tensors import arange, host_tensor, host_values
+from ..device_tensors import arange, host_tensor, host_values
 
 if TYPE_CHECKING:
     from .base import TreePlan
