@@ -19,7 +19,7 @@ from vlmspec import (
     SpeculativeVLM,
 )
 from vlmspec.adapters import adapter_for
-from vlmspec.policies import AdaptiveTreePlan, TreePlan, TreePolicy
+from vlmspec.policies import AdaptiveTreePlan, RankTreePlan, StepLesson, StepOutcome, TreePlan, TreePolicy
 
 #: Rows of different prompt lengths: text, an image, a video and a long prompt.
 ROWS = ("text", "image", "video", "long_prompt")
@@ -158,6 +158,32 @@ class NoNodes(TreePolicy):
 
     def plan(self) -> TreePlan:
         return AdaptiveTreePlan(3, 4.0, max_nodes=0, top_k=10, threshold_scale=0.1)
+
+
+class Teller(TreePolicy):
+    """A fixed two-token chain whose `observe` hands back a fixed lesson."""
+
+    LESSON = StepLesson(alpha=0.25, predicted_tokens=3.0, predicted_seconds=0.5)
+
+    def plan(self) -> TreePlan:
+        return RankTreePlan([[0], [0, 0]])
+
+    def observe(self, step: StepOutcome) -> StepLesson:
+        return self.LESSON
+
+
+def test_a_steps_record_keeps_what_the_policys_observe_handed_back(qwen):
+    spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"], Teller())
+    spec.generate(**qwen.cases["image"], do_sample=False, max_new_tokens=8)
+    drafted = [step for step in spec.last_stats.steps if step.plain is None]
+    assert drafted
+    lesson = Teller.LESSON
+    for step in drafted:
+        assert (step.alpha, step.predicted_tokens, step.predicted_seconds) == (
+            lesson.alpha,
+            lesson.predicted_tokens,
+            lesson.predicted_seconds,
+        )
 
 
 def test_rows_whose_trees_may_hold_no_node_decode_plain_steps_exactly(qwen):

@@ -793,11 +793,12 @@ def observe_step(
     batch: BatchShape | None = None,
     plain: str | None = None,
 ) -> None:
-    """The one observer of a finished step: the policy learns from it and `stats` records it. `contexts` are the
-    draft's and the target's cache lengths the step's forwards ran over; `batch` what the whole step fed and emitted
-    when the sequence decoded among others (their step times are its times), None when it decoded alone; `plain` why
-    the sequence drafted nothing while others did (None: it drafted)."""
-    policy.observe(
+    """The one observer of a finished step: the policy learns from it and `stats` records it, with what the policy's
+    `observe` returned (its planned confidence and prediction). `contexts` are the draft's and the target's cache
+    lengths the step's forwards ran over; `batch` what the whole step fed and emitted when the sequence decoded among
+    others (their step times are its times), None when it decoded alone; `plain` why the sequence drafted nothing
+    while others did (None: it drafted)."""
+    lesson = policy.observe(
         StepOutcome(
             root_log_probs=drafted.root_log_probs,
             accepted=report.accepted,
@@ -817,10 +818,9 @@ def observe_step(
             drafted=plain is None,
         )
     )
-    predicted = policy.prediction
     stats.steps.append(
         StepRecord(
-            alpha=policy.confidence,
+            alpha=lesson.alpha,
             depth=plan.depth,
             width=plan.width,
             nodes=tree.size - 1,
@@ -828,8 +828,8 @@ def observe_step(
             tree_depth=tree.depth,
             greedy_depth=report.greedy_depth,
             seconds=timer.last["drafting"] + timer.last["verification"],
-            predicted_tokens=None if predicted is None else predicted[0],
-            predicted_seconds=None if predicted is None else predicted[1],
+            predicted_tokens=lesson.predicted_tokens,
+            predicted_seconds=lesson.predicted_seconds,
             plain=plain,
         )
     )
