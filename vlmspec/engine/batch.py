@@ -682,6 +682,7 @@ class BatchDecoder:
                 contexts,
                 batch,
                 plain[b],
+                row.settings.sampler.do_sample,
             )
             shape = replace(shape, first=False)
             row.sink.take(tokens[b], reports[b], on_device)
@@ -792,12 +793,13 @@ def observe_step(
     contexts: tuple[int, int],
     batch: BatchShape | None = None,
     plain: str | None = None,
+    sampled: bool = False,
 ) -> None:
     """The one observer of a finished step: the policy learns from it and `stats` records it, with what the policy's
     `observe` returned (its planned confidence and prediction). `contexts` are the draft's and the target's cache
     lengths the step's forwards ran over; `batch` what the whole step fed and emitted when the sequence decoded among
     others (their step times are its times), None when it decoded alone; `plain` why the sequence drafted nothing
-    while others did (None: it drafted)."""
+    while others did (None: it drafted); `sampled` whether the sequence samples its tokens."""
     lesson = policy.observe(
         StepOutcome(
             root_log_probs=drafted.root_log_probs,
@@ -816,6 +818,7 @@ def observe_step(
             tree_log_probs=report.tree_log_probs,
             batch=batch,
             drafted=plain is None,
+            sampled=sampled,
         )
     )
     stats.steps.append(

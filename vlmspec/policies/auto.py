@@ -83,7 +83,7 @@ class AutoPolicy(TreePolicy):
         if not step.drafted:
             self.gate.skipped()
             return StepLesson(alpha=self.sage.confidence)
-        self.gate.observe(step.accepted + 1, rows)
+        self.gate.observe(step.accepted + 1, rows, step.sampled)
         lesson = self.sage.observe(step)
         if batch is not None or step.tree.depth == drafted:
             # A chain (a row alone decodes SAGE's trees, which teach the chains nothing).

@@ -141,6 +141,8 @@ class StepOutcome:
     The engine reads the step's results from the device once: `statistics` holds the values of the policy's
     `statistics()` for this step, and, for a policy that `reads_tree`, `tree_parents` and `tree_log_probs` are the
     tree's on the host. Reading `root_log_probs` or `tree` instead makes the host wait for the device again.
+    `sampled` says whether the row samples its tokens (fixed for the row's life): a gate that learns the pair's
+    drafts from greedy rows alone needs it (`RowGate.observe`).
     """
 
     root_log_probs: torch.Tensor
@@ -159,6 +161,7 @@ class StepOutcome:
     tree_log_probs: list[float] | None = None
     batch: BatchShape | None = None
     drafted: bool = True
+    sampled: bool = False
 
 
 @dataclass(frozen=True)
