@@ -16,6 +16,7 @@ from vlmspec.policies import (
     ChainLengthConfig,
     ChainPolicy,
     RankTreePlan,
+    StepLesson,
 )
 
 
@@ -31,8 +32,26 @@ def test_a_sequence_decoded_alone_starts_from_sages_first_tree_and_adapts():
     step.statistics = policy.statistics(confident).tolist()
     policy.observe(step)
     plan = policy.plan()
-    assert isinstance(plan, AdaptiveTreePlan) and policy.confidence > 0.99
-    assert plan.depth == policy.sage.depth_for(policy.confidence)
+    assert isinstance(plan, AdaptiveTreePlan) and policy.sage.confidence > 0.99
+    assert plan.depth == policy.sage.depth_for(policy.sage.confidence)
+
+
+def test_a_drafting_step_hands_back_the_alpha_sage_planned_it_with():
+    policy = AutoPolicy()
+    policy.plan()
+    assert policy.observe(chain_step(torch.zeros(10).log_softmax(-1), accepted=1)) == StepLesson(alpha=0.5)
+
+
+def test_a_row_that_rode_along_with_its_root_hands_back_its_planned_alpha_and_learns_nothing_of_it():
+    """A row that drafted nothing while others did: its record keeps the alpha it last planned with, and SAGE does
+    not take the step's root (it drafted no tree from it)."""
+    policy = AutoPolicy()
+    policy.plan()
+    confident = torch.tensor([0.0] + [-30.0] * 9).log_softmax(-1)
+    step = chain_step(confident, accepted=0)
+    step.statistics, step.drafted = policy.statistics(confident).tolist(), False
+    assert policy.observe(step) == StepLesson(alpha=0.5)
+    assert policy.sage.alpha == 0.5
 
 
 @pytest.mark.parametrize("rows", [1, 3])

@@ -19,7 +19,7 @@ from vlmspec import (
     SpeculativeVLM,
 )
 from vlmspec.adapters import adapter_for
-from vlmspec.policies import AdaptiveTreePlan, TreePlan, TreePolicy
+from vlmspec.policies import AdaptiveTreePlan, RankTreePlan, StepLesson, StepOutcome, TreePlan, TreePolicy
 
 #: Rows of different prompt lengths: text, an image, a video and a long prompt.
 ROWS = ("text", "image", "video", "long_prompt")
@@ -158,6 +158,49 @@ class NoNodes(TreePolicy):
 
     def plan(self) -> TreePlan:
         return AdaptiveTreePlan(3, 4.0, max_nodes=0, top_k=10, threshold_scale=0.1)
+
+
+class Teller(TreePolicy):
+    """A fixed two-token chain whose `observe` notes whether each step's row samples (in `sampled`, this one policy's
+    for every row) and hands back a fixed lesson."""
+
+    LESSON = StepLesson(alpha=0.25, predicted_tokens=3.0, predicted_seconds=0.5)
+
+    def __init__(self) -> None:
+        self.sampled: list[bool] = []
+
+    def for_row(self) -> Teller:
+        """Every row notes into this policy's list."""
+        return self
+
+    def plan(self) -> TreePlan:
+        return RankTreePlan([[0], [0, 0]])
+
+    def observe(self, step: StepOutcome) -> StepLesson:
+        self.sampled.append(step.sampled)
+        return self.LESSON
+
+
+def test_a_steps_record_keeps_what_the_policys_observe_handed_back(qwen):
+    spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"], Teller())
+    spec.generate(**qwen.cases["image"], do_sample=False, max_new_tokens=8)
+    drafted = [step for step in spec.last_stats.steps if step.plain is None]
+    assert drafted
+    lesson = Teller.LESSON
+    for step in drafted:
+        assert (step.alpha, step.predicted_tokens, step.predicted_seconds) == (
+            lesson.alpha,
+            lesson.predicted_tokens,
+            lesson.predicted_seconds,
+        )
+
+
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_every_step_tells_the_policy_whether_its_row_samples(qwen, do_sample):
+    policy = Teller()
+    spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"], policy)
+    spec.generate(**qwen.cases["image"], do_sample=do_sample, max_new_tokens=8)
+    assert policy.sampled and set(policy.sampled) == {do_sample}
 
 
 def test_rows_whose_trees_may_hold_no_node_decode_plain_steps_exactly(qwen):

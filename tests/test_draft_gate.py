@@ -35,7 +35,7 @@ def gate(costs: StepCosts, tokens: float | None = None) -> RowGate:
     """A row whose drafting steps have emitted `tokens` a step (memory 1: its mean is its last step), or a new row."""
     row = RowGate(costs)
     if tokens is not None:
-        row.observe(tokens, rows=1)
+        row.observe(tokens, rows=1, samples=False)
     return row
 
 
@@ -140,10 +140,11 @@ def test_a_probe_that_emits_many_tokens_turns_drafting_back_on():
     costs = timed(2.0, 1.0)
     row = RowGate(costs)
     for _ in range(10):
-        row.observe(1, rows=1)
-    assert row.tokens < 2.0 and choose_drafting([row], [False], [10]) == [NOT_PAYING]
-    row.observe(6, rows=1)
-    assert row.tokens > 2.0 and row.since == 0 and choose_drafting([row], [False], [10]) == [None]
+        row.observe(1, rows=1, samples=False)
+    assert row.expected_tokens(samples=False) < 2.0 and choose_drafting([row], [False], [10]) == [NOT_PAYING]
+    row.observe(6, rows=1, samples=False)
+    assert row.expected_tokens(samples=False) > 2.0 and row.since == 0
+    assert choose_drafting([row], [False], [10]) == [None]
 
 
 def test_a_row_with_one_token_left_never_drafts():
@@ -205,13 +206,24 @@ def test_a_new_greedy_row_starts_from_the_pairs_recent_rows_a_sampled_one_from_t
     costs = StepCosts(DraftGateConfig(prior_tokens=4.0))
     old = RowGate(costs)
     for _ in range(20):
-        old.observe(1, rows=1)
-    assert costs.tokens == pytest.approx(1.0, abs=0.01) and RowGate(costs).tokens == costs.tokens
-    sampler = RowGate(costs)
-    choose_drafting([sampler], [True], [10])
-    assert sampler.tokens == 4.0
-    sampler.observe(1, rows=1)  # a sampled row's steps do not teach the pair
+        old.observe(1, rows=1, samples=False)
     assert costs.tokens == pytest.approx(1.0, abs=0.01)
+    assert RowGate(costs).expected_tokens(samples=False) == costs.tokens
+    sampler = RowGate(costs)
+    assert sampler.expected_tokens(samples=True) == 4.0
+    sampler.observe(1, rows=1, samples=True)  # a sampled row's steps do not teach the pair
+    assert costs.tokens == pytest.approx(1.0, abs=0.01)
+
+
+@pytest.mark.parametrize("sampled, teaches", [(False, True), (True, False)])
+def test_a_rows_drafting_step_teaches_the_pair_only_when_the_row_is_greedy(sampled, teaches):
+    """The step says whether its row samples (`StepOutcome.sampled`): a greedy row's tokens move what a new row
+    expects, a sampled row's do not."""
+    policy = AutoPolicy(gate=DraftGateConfig(prior_tokens=4.0))
+    step = chain_step(torch.zeros(10).log_softmax(-1), accepted=0)
+    step.sampled = sampled
+    policy.for_row().observe(step)
+    assert (policy.costs.tokens < 4.0) == teaches
 
 
 def test_a_policys_rows_share_its_step_costs_but_each_has_its_own_gate():

@@ -9,7 +9,7 @@ import torch
 from policy_steps import chain_step
 
 from vlmspec import SageConfig, SagePolicy
-from vlmspec.policies import AdaptiveTreePlan, LevelRules, RankTreePlan
+from vlmspec.policies import AdaptiveTreePlan, LevelRules, RankTreePlan, StepLesson
 from vlmspec.policies.sage import confidence
 
 
@@ -33,13 +33,24 @@ def test_depth_and_width_follow_confidence(alpha, depth, width):
 def test_first_step_uses_the_static_tree_then_adapts():
     policy = SagePolicy()
     assert isinstance(policy.plan(), RankTreePlan)
-    assert policy.confidence == 0.5
     one_hot = torch.full((50,), -1e9)
     one_hot[0] = 0.0
     policy.observe(chain_step(one_hot, accepted=3))
     plan = policy.plan()
     assert isinstance(plan, AdaptiveTreePlan)
     assert (plan.depth, plan.width) == (8, pytest.approx(2.0))
+
+
+def test_observe_hands_back_the_alpha_the_steps_tree_was_planned_with_not_the_one_it_measured():
+    """The step's record keeps the alpha that shaped its tree (the initial 0.5 here); the confident root it measured
+    shapes the next tree."""
+    policy = SagePolicy()
+    policy.plan()
+    one_hot = torch.full((50,), -1e9)
+    one_hot[0] = 0.0
+    assert policy.observe(chain_step(one_hot, accepted=3)) == StepLesson(alpha=0.5)
+    policy.plan()
+    assert policy.observe(chain_step(one_hot, accepted=3)).alpha == pytest.approx(1.0)
 
 
 def _kept(plan, level, parents, children, left=None) -> list[list[bool]]:

@@ -181,13 +181,22 @@ def test_the_policy_plans_with_sage_until_its_cost_model_is_warm():
     one_hot[0] = 0.0
     for _ in range(3):
         assert not isinstance(policy.plan(), CostAwareTreePlan)
-        policy.observe(chain_step(one_hot, accepted=2))
-        assert policy.prediction is None
+        lesson = policy.observe(chain_step(one_hot, accepted=2))
+        assert (lesson.predicted_tokens, lesson.predicted_seconds) == (None, None)
     assert isinstance(policy.plan(), CostAwareTreePlan)
-    policy.observe(chain_step(one_hot, accepted=2))
-    tokens, seconds = policy.prediction
-    assert tokens > 1.0
-    assert seconds == pytest.approx(0.03, rel=1e-3)
+    lesson = policy.observe(chain_step(one_hot, accepted=2))
+    assert lesson.predicted_tokens > 1.0
+    assert lesson.predicted_seconds == pytest.approx(0.03, rel=1e-3)
+
+
+def test_observe_hands_back_the_alpha_sage_planned_the_steps_tree_with():
+    """The alpha that shaped the step's tree (SAGE's initial 0.5 at the first step), not the confident root the step
+    measured."""
+    policy = SageGtPolicy()
+    one_hot = torch.full((20,), -1e9)
+    one_hot[0] = 0.0
+    policy.plan()
+    assert policy.observe(chain_step(one_hot, accepted=2)).alpha == 0.5
 
 
 def test_what_the_policy_learned_outlives_a_call():

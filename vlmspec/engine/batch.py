@@ -407,6 +407,7 @@ class BatchDecoder:
                 contexts,
                 batch,
                 plain[b],
+                row.settings.sampler.do_sample,
             )
             shape = replace(shape, first=False)
             row.sink.take(tokens[b], reports[b], on_device)
@@ -496,12 +497,14 @@ def observe_step(
     contexts: tuple[int, int],
     batch: BatchShape | None = None,
     plain: str | None = None,
+    sampled: bool = False,
 ) -> None:
-    """The one observer of a finished step: the policy learns from it and `stats` records it. `contexts` are the
-    draft's and the target's cache lengths the step's forwards ran over; `batch` what the whole step fed and emitted
-    when the sequence decoded among others (their step times are its times), None when it decoded alone; `plain` why
-    the sequence drafted nothing while others did (None: it drafted)."""
-    policy.observe(
+    """The one observer of a finished step: the policy learns from it and `stats` records it, with what the policy's
+    `observe` returned (its planned confidence and prediction). `contexts` are the draft's and the target's cache
+    lengths the step's forwards ran over; `batch` what the whole step fed and emitted when the sequence decoded among
+    others (their step times are its times), None when it decoded alone; `plain` why the sequence drafted nothing
+    while others did (None: it drafted); `sampled` whether the sequence samples its tokens."""
+    lesson = policy.observe(
         StepOutcome(
             root_log_probs=drafted.root_log_probs,
             accepted=report.accepted,
@@ -519,12 +522,12 @@ def observe_step(
             tree_log_probs=report.tree_log_probs,
             batch=batch,
             drafted=plain is None,
+            sampled=sampled,
         )
     )
-    predicted = policy.prediction
     stats.steps.append(
         StepRecord(
-            alpha=policy.confidence,
+            alpha=lesson.alpha,
             depth=plan.depth,
             width=plan.width,
             nodes=tree.size - 1,
@@ -532,8 +535,8 @@ def observe_step(
             tree_depth=tree.depth,
             greedy_depth=report.greedy_depth,
             seconds=timer.last["drafting"] + timer.last["verification"],
-            predicted_tokens=None if predicted is None else predicted[0],
-            predicted_seconds=None if predicted is None else predicted[1],
+            predicted_tokens=lesson.predicted_tokens,
+            predicted_seconds=lesson.predicted_seconds,
             plain=plain,
         )
     )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .auto import AutoPolicy
-from .base import BatchShape, RankTreePlan, StepOutcome, TreePlan, TreePolicy
+from .base import BatchShape, RankTreePlan, StepLesson, StepOutcome, TreePlan, TreePolicy
 from .chain import ChainPolicy
 from .chain_length import ChainLength, ChainLengthConfig
 from .draft_gate import DraftGateConfig
@@ -58,6 +58,7 @@ __all__ = [
     "SageGtConfig",
     "SageGtPolicy",
     "SagePolicy",
+    "StepLesson",
     "StepOutcome",
     "StaticTreePolicy",
     "TreePlan",

@@ -8,7 +8,7 @@ from functools import cache
 
 import torch
 
-from .base import RankTreePlan, StepOutcome, TreePlan, TreePolicy
+from .base import RankTreePlan, StepLesson, StepOutcome, TreePlan, TreePolicy
 from .chain_length import ChainLength, ChainLengthConfig
 from .draft_gate import NOT_PAYING, DraftGateConfig, RowGate, StepCosts, choose_drafting
 from .sage import SageConfig, SagePolicy
@@ -72,24 +72,25 @@ class AutoPolicy(TreePolicy):
     def statistics(self, root_log_probs: torch.Tensor) -> torch.Tensor:
         return self.sage.statistics(root_log_probs)
 
-    def observe(self, step: StepOutcome) -> None:
+    def observe(self, step: StepOutcome) -> StepLesson:
+        """Time the step (once per batch); where the row drafted, its tokens feed its gate, SAGE and, for a chain,
+        the chain lengths. Returns SAGE's lesson (the alpha it last planned with), that alpha alone where the row
+        rode along with its root."""
         batch, drafted = step.batch, step.tree.size - 1
+        rows = 1 if batch is None else batch.rows
         if batch is None or batch.first:
-            self.costs.observe(1 if batch is None else batch.rows, step.seconds, drafted=True)
+            self.costs.observe(rows, step.seconds, drafted=True)
         if not step.drafted:
             self.gate.skipped()
-            return
-        self.gate.observe(step.accepted + 1, 1 if batch is None else batch.rows)
-        self.sage.observe(step)
+            return StepLesson(alpha=self.sage.confidence)
+        self.gate.observe(step.accepted + 1, rows, step.sampled)
+        lesson = self.sage.observe(step)
         if batch is not None or step.tree.depth == drafted:
             # A chain (a row alone decodes SAGE's trees, which teach the chains nothing).
-            self.lengths.observe_row(step.accepted, drafted, 1 if batch is None else batch.rows)
+            self.lengths.observe_row(step.accepted, drafted, rows)
         if batch is not None and batch.first:
             self.lengths.observe_step(batch.rows, batch.tree_tokens // batch.rows - 1, step.seconds)
-
-    @property
-    def confidence(self) -> float | None:
-        return self.sage.confidence
+        return lesson
 
 
 @cache

@@ -141,6 +141,8 @@ class StepOutcome:
     The engine reads the step's results from the device once: `statistics` holds the values of the policy's
     `statistics()` for this step, and, for a policy that `reads_tree`, `tree_parents` and `tree_log_probs` are the
     tree's on the host. Reading `root_log_probs` or `tree` instead makes the host wait for the device again.
+    `sampled` says whether the row samples its tokens (fixed for the row's life): a gate that learns the pair's
+    drafts from greedy rows alone needs it (`RowGate.observe`).
     """
 
     root_log_probs: torch.Tensor
@@ -159,10 +161,29 @@ class StepOutcome:
     tree_log_probs: list[float] | None = None
     batch: BatchShape | None = None
     drafted: bool = True
+    sampled: bool = False
+
+
+@dataclass(frozen=True)
+class StepLesson:
+    """What a policy's `observe` hands back about the step it learned from, for the step's record (`StepRecord`).
+
+    `alpha` is the draft's root confidence the policy last planned a tree with (`plan`: SAGE's alpha, measured at the
+    previous step's root), so for a step planned alone the alpha of the step's own tree; None for a policy without
+    one, or one that has not planned alone since its reset (a batch's rows planned together). A policy that
+    predicts its steps gives what it expected of this step's tree before the target verified it: `predicted_tokens`
+    emitted (accepted + 1) and `predicted_seconds` of drafting + verification, both or neither (None before its cost
+    model is warm, or for a policy that does not predict). Returned rather than left on the policy for the engine to
+    read, so the step's state travels explicitly.
+    """
+
+    alpha: float | None = None
+    predicted_tokens: float | None = None
+    predicted_seconds: float | None = None
 
 
 class TreePolicy(ABC):
-    """Plans each step's tree and observes the outcome; `confidence` is the alpha it planned with, if any."""
+    """Plans each step's tree and observes the outcome, handing back what the step's record keeps (`StepLesson`)."""
 
     name: str = "policy"
     #: Whether `observe` needs the tree's parents and log-probabilities on the host (read with the step's results).
@@ -195,9 +216,11 @@ class TreePolicy(ABC):
         alone, over any leading dimensions: `root_log_probs` (B, V) of a batch's rows gives (B, values)."""
         return None
 
-    def observe(self, step: StepOutcome) -> None:
+    def observe(self, step: StepOutcome) -> StepLesson:
         """Learn from a finished step (the draft's log-probabilities are under the generation config's processing,
-        -inf where its warpers cut a token)."""
+        -inf where its warpers cut a token) and return what the step's record keeps of it: by default nothing (no
+        confidence, no prediction)."""
+        return StepLesson()
 
     def drafting(self, rows: Sequence[TreePolicy], sampling: Sequence[bool], rooms: Sequence[int]) -> list[str | None]:
         """Per row of the next step (decoded under `rows`, this policy's `for_row` copies; `sampling` whether each
@@ -207,12 +230,3 @@ class TreePolicy(ABC):
 
     def observe_plain(self, rows: Sequence[TreePolicy], reasons: Sequence[str | None], seconds: float) -> None:
         """A step in which no row drafted (`reasons`, as `drafting` gave them) took `seconds`."""
-
-    @property
-    def confidence(self) -> float | None:
-        return None
-
-    @property
-    def prediction(self) -> tuple[float, float] | None:
-        """The last step's predicted (tokens emitted, drafting + verification seconds), for policies that predict."""
-        return None

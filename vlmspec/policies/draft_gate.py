@@ -131,32 +131,33 @@ class StepCosts:
 
 class RowGate:
     """One row's side of the gate: what its drafting steps emit (a running mean from its first drafting step on, the
-    pair's recent rows' before that, or the fixed prior while it samples), whether it samples (`timed` False) and how
-    many plain steps it has run since it last drafted."""
+    pair's recent rows' before that, or the fixed prior while it samples) and how many plain steps it has run since
+    it last drafted. Whether the row samples is fixed for its life and passed to each method that depends on it."""
 
     def __init__(self, costs: StepCosts):
         self.costs = costs
-        self.timed = True
         self.since = 0
         self._tokens: float | None = None
 
-    @property
-    def tokens(self) -> float:
-        """The tokens a drafting step is expected to emit in this row."""
+    def expected_tokens(self, samples: bool) -> float:
+        """The tokens a drafting step is expected to emit in this row (`samples`: whether it samples, so its first
+        expectation is the fixed prior rather than the clock-driven pair's recent rows')."""
         if self._tokens is not None:
             return self._tokens
-        return self.costs.tokens if self.timed else self.costs.config.prior_tokens
+        return self.costs.config.prior_tokens if samples else self.costs.tokens
 
-    def wants(self, ratio: float) -> bool:
-        """Whether this row drafts next at cost ratio `ratio`: it pays, or its probe is due."""
-        return self.tokens > ratio or self.since >= self.costs.config.interval(ratio)
+    def wants(self, ratio: float, samples: bool) -> bool:
+        """Whether this row (sampling or not, `samples`) drafts next at cost ratio `ratio`: it pays, or its probe is
+        due."""
+        return self.expected_tokens(samples) > ratio or self.since >= self.costs.config.interval(ratio)
 
-    def observe(self, emitted: int, rows: int) -> None:
-        """A drafting step emitted `emitted` tokens in this row (`rows` rows drafted together)."""
-        expected = self.tokens
+    def observe(self, emitted: int, rows: int, samples: bool) -> None:
+        """A drafting step emitted `emitted` tokens in this row (`rows` rows drafted together); a greedy row's
+        tokens (`samples` False) also teach the pair's recent rows, a sampled row's do not."""
+        expected = self.expected_tokens(samples)
         self._tokens = expected + self.costs.config.memory * (emitted - expected)
         self.since = 0
-        if self.timed:
+        if not samples:
             self.costs.observe_tokens(emitted, rows)
 
     def skipped(self) -> None:
@@ -175,17 +176,17 @@ def choose_drafting(gates: Sequence[RowGate], sampling: Sequence[bool], rooms: S
     drafts the step costs a drafting step's time, so every greedy row drafts in it; a row with one token left never
     drafts (no draft token could be emitted)."""
     rows = len(gates)
-    for gate, samples in zip(gates, sampling, strict=True):
-        gate.timed = not samples
+    if len(sampling) != rows:
+        raise ValueError(f"{rows} gates but {len(sampling)} sampling flags")
     config, costs = gates[0].costs.config, gates[0].costs
     untimed = config.untimed_ratio if config.cost_ratio is None else config.cost_ratio
-    sampled_drafts = {b for b in range(rows) if sampling[b] and rooms[b] > 1 and gates[b].wants(untimed)}
+    sampled_drafts = {b for b in range(rows) if sampling[b] and rooms[b] > 1 and gates[b].wants(untimed, True)}
     greedy = [b for b in range(rows) if not sampling[b] and rooms[b] > 1]
     timing = bool(greedy) and not sampled_drafts and costs.untimed(rows)
     greedy_drafts = False
     if greedy and not timing:
         ratio = costs.ratio(rows)
-        mean = sum(gates[b].tokens for b in greedy) / len(greedy)
+        mean = sum(gates[b].expected_tokens(False) for b in greedy) / len(greedy)
         greedy_drafts = mean > ratio or any(gates[b].since >= config.interval(ratio) for b in greedy)
     any_drafts = greedy_drafts or bool(sampled_drafts)
     reasons: list[str | None] = []

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .base import RankTreePlan, StepOutcome, TreePlan, TreePolicy
+from .base import RankTreePlan, StepLesson, StepOutcome, TreePlan, TreePolicy
 from .levels import RowRule
 from .static import SPECVLM_TREE
 
@@ -143,6 +143,7 @@ class SagePolicy(TreePolicy):
 
     @property
     def confidence(self) -> float | None:
+        """The alpha the policy last planned a tree with (None before its first `plan` since `reset`)."""
         return self._planned_alpha
 
     def depth_for(self, alpha: float) -> int:
@@ -172,13 +173,16 @@ class SagePolicy(TreePolicy):
     def statistics(self, root_log_probs: torch.Tensor) -> torch.Tensor:
         return confidence_tensor(root_log_probs, self.config.top_k)[..., None]
 
-    def observe(self, step: StepOutcome) -> None:
+    def observe(self, step: StepOutcome) -> StepLesson:
+        """Take the step's root confidence as the next tree's alpha and its acceptance length into the history;
+        returns the alpha it last planned a tree with (`confidence`: this step's, where `plan` planned it)."""
         self._steps += 1
         if step.statistics is None:
             self.alpha = confidence(step.root_log_probs, self.config.top_k)
         else:
             self.alpha = step.statistics[0]
         self.record_acceptance(step.accepted)
+        return StepLesson(alpha=self.confidence)
 
     def record_acceptance(self, accepted: int) -> None:
         """Add one acceptance length; a full window with mean outside [low, high] moves D_max by one."""

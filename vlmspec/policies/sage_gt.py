@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .base import RankTreePlan, StepOutcome, TreePlan, TreePolicy
+from .base import RankTreePlan, StepLesson, StepOutcome, TreePlan, TreePolicy
 from .calibration import AcceptanceCalibration
 from .cost_model import CostModel, StepCost
 from .levels import RowRule
@@ -183,7 +183,6 @@ class SageGtPolicy(TreePolicy):
             RateWindow(c.rate_window),
         )
         self.state = SageGtRowState()
-        self._prediction: tuple[float, float] | None = None
 
     @property
     def cost(self) -> CostModel:
@@ -209,14 +208,6 @@ class SageGtPolicy(TreePolicy):
         row = SageGtPolicy(self.config)
         row.shared = self.shared
         return row
-
-    @property
-    def confidence(self) -> float | None:
-        return self.sage.confidence
-
-    @property
-    def prediction(self) -> tuple[float, float] | None:
-        return self._prediction
 
     @property
     def rate(self) -> float | None:
@@ -312,7 +303,10 @@ class SageGtPolicy(TreePolicy):
             paying += 1
         return paying + 1
 
-    def observe(self, step: StepOutcome) -> None:
+    def observe(self, step: StepOutcome) -> StepLesson:
+        """Fit the step's measured cost, rate and acceptance into what the rows share, and carry the row's state on;
+        returns SAGE's planned alpha and, once the cost model is warm, what the step's tree was predicted to emit and
+        cost (predicted before the step's own cost and acceptance enter the models)."""
         tree, batch = step.tree, step.batch
         measured = StepCost(
             tree_tokens=tree.size if batch is None else batch.tree_tokens,
@@ -323,14 +317,15 @@ class SageGtPolicy(TreePolicy):
             verify_seconds=step.verify_seconds,
             draft_seconds=step.draft_seconds,
         )
-        self._prediction = None
         parents = tree.parents.tolist() if step.tree_parents is None else step.tree_parents
         log_probs = tree.log_probs.tolist() if step.tree_log_probs is None else step.tree_log_probs
         state = self.state
         state.last_tree = (parents, log_probs)
+        tokens: float | None = None
+        seconds: float | None = None
         if self.ready:
-            expected = self.calibration.expected_accepted(parents, log_probs)
-            self._prediction = (1.0 + expected, self.cost.predict(measured))
+            tokens = 1.0 + self.calibration.expected_accepted(parents, log_probs)
+            seconds = self.cost.predict(measured)
         if batch is None or batch.first:
             self.cost.add(measured)
             self.rates.add(step.accepted + 1 if batch is None else batch.emitted, step.seconds)
@@ -339,4 +334,4 @@ class SageGtPolicy(TreePolicy):
         state.rows = 1 if batch is None else batch.rows
         state.first_step = False
         state.steps += 1
-        self.sage.observe(step)
+        return StepLesson(self.sage.observe(step).alpha, tokens, seconds)
