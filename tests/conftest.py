@@ -27,8 +27,10 @@ from vlmspec.testing import (
     tiny_qwen3_vl,
 )
 
-# Under pytest-xdist each worker gets one core's worth of threads.
+# Under pytest-xdist each worker gets one core's worth of threads, and so does every process its tests start.
 torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 #: The device the tests run models on, set from `--device` before any model is built.
 DEVICE = torch.device("cpu")
