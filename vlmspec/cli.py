@@ -271,9 +271,9 @@ def _profile(args: argparse.Namespace) -> None:
     from .eval.profile import ARGUMENT_CONFIGS, CONFIGS, POLICIES, markdown_table, run_profile
 
     device_map = None if args.device is None else device_map_for(args.device)
-    # Launches and reads are counted in eager forwards: a compiled graph hides its kernels from the count.
+    # Eager, launches are counted in every forward; compiled, the compiled regions and what runs outside them.
     spec = load_pair(
-        args.model, args.draft, torch_dtype=getattr(torch, args.dtype), device_map=device_map, compile="off"
+        args.model, args.draft, torch_dtype=getattr(torch, args.dtype), device_map=device_map, compile=args.compile
     )
     policies = args.policies.split(",")
     unknown = set(policies) - set(POLICIES)
@@ -619,6 +619,13 @@ def _add_profile_parser(commands: argparse._SubParsersAction) -> None:
         "--device", help="where the pair runs, e.g. cuda (default: the CPU; the counts do not depend on it)"
     )
     profile.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    profile.add_argument(
+        "--compile",
+        choices=["on", "off"],
+        default="off",
+        help="off (the default): launches in every forward, eager; on: compiled regions entered, operators outside "
+        "them, host reads and graphs compiled after warm-up",
+    )
     profile.add_argument(
         "--batch-size",
         type=_batch_sizes,

@@ -29,6 +29,8 @@ import torch
 from torch.utils._triton import has_triton
 from transformers import PreTrainedModel
 
+from .fixed_forward import FixedForward
+
 logger = logging.getLogger(__name__)
 
 COMPILE_CHOICES = ("auto", "on", "off")
@@ -78,13 +80,14 @@ def _why_eager(model: PreTrainedModel) -> str | None:
 
 
 def compiled_forward(model: PreTrainedModel, setting: str | bool, role: str) -> Callable | None:
-    """The compiled module to run `model`'s decoding forwards through, or None to run them eager (with a one-line
+    """The compiled `FixedForward` of `model` to run its decoding forwards through (one region from the rows' tokens to
+    the logits), or None to run them eager (with a one-line
     notice, once per model, when compiling was asked for or is the default and cannot be had). Under `"auto"` a model
     whose compiled forwards once failed, or failed their check, runs eager (it was reported then). Under `"shapes"`
-    the model itself: its forwards take the compiled path's fixed shapes, uncompiled."""
+    its `FixedForward` uncompiled: the forwards take the compiled path's fixed shapes."""
     choice = resolve_compile(setting)
     if choice == FIXED_SHAPES:
-        return model
+        return FixedForward(model)
     device = model.get_input_embeddings().weight.device
     if choice == "off" or (choice == "auto" and device.type not in AUTO_DEVICE_TYPES):
         return None
@@ -100,7 +103,9 @@ def compiled_forward(model: PreTrainedModel, setting: str | bool, role: str) -> 
     if held is None or held.owner != id(model):
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         mode = "reduce-overhead" if device.type == "cuda" else None
-        held = model.__dict__[_ATTRIBUTE] = _Held(torch.compile(model, dynamic=False, mode=mode), id(model))
+        held = model.__dict__[_ATTRIBUTE] = _Held(
+            torch.compile(FixedForward(model), dynamic=False, mode=mode), id(model)
+        )
     if choice == "auto" and held.failure is not None:
         return None
     return held.module
@@ -143,6 +148,7 @@ class GuardedRunner:
         self.adapter = adapter
         self.role = role
         self._compiled = compiled
+        self.captured: dict[str, Callable] = {}
         self.guard = guard if compiled is not None else None
         if self.guard is not None:
             self.guard.attach(adapter.model)
@@ -151,6 +157,12 @@ class GuardedRunner:
     def compiled(self) -> Callable | None:
         """The compiled form the forwards run through, or None to run eager (also once the pair's guard fell back)."""
         return None if self.guard is not None and self.guard.failure is not None else self._compiled
+
+    @property
+    def captures(self) -> bool:
+        """Whether the step's own work runs compiled too (`Captured`): while the forwards run compiled, not merely at
+        fixed shapes."""
+        return self.compiled is not None and not isinstance(self.compiled, FixedForward)
 
     def refresh(self) -> None:
         """Read the model's device and dtype (once per call: looking them up costs more than a tree operation)."""
@@ -227,6 +239,32 @@ class CompileGuard:
             COMPILE_ENV,
             "see it raise" if error is not None else "run it compiled regardless",
         )
+
+
+class Captured:
+    """A pure tensor function of the step (tensors and typed tensor records in, tensors out, no host read), run as one
+    compiled region (`fullgraph=True`, fixed shapes) while `runner.captures`, else eager. Each runner keeps its own
+    compiled form (`GuardedRunner.captured`); dynamo's graphs are shared by all. A compiled call that raises raises
+    under `compile="on"`; under `"auto"` the pair falls back to eager (the `CompileGuard`) and the call is run again
+    eager."""
+
+    def __init__(self, function: Callable, name: str):
+        self.function = function
+        self.name = name
+
+    def __call__(self, runner: GuardedRunner, *args: Any) -> Any:
+        if not runner.captures:
+            return self.function(*args)
+        compiled = runner.captured.get(self.name)
+        if compiled is None:
+            compiled = runner.captured[self.name] = torch.compile(self.function, fullgraph=True, dynamic=False)
+        try:
+            return compiled(*args)
+        except Exception as error:
+            if runner.guard is None:
+                raise
+            runner.guard.fall_back(f"the compiled {self.name}", error)
+            return self.function(*args)
 
 
 def _describe(error: BaseException) -> str:

@@ -12,6 +12,7 @@ from ..adapters import ModelAdapter
 from ..attention import tree_attention
 from ..device_tensors import arange, host_values
 from .compiled import CHECK_TOKENS, CompileGuard, GuardedRunner, padded_size, padded_sizes
+from .fixed_forward import fixed_forward, mark_varying
 from .kv_cache import TREE_ROOM, PromptSlot, RowCache, check_cache
 
 
@@ -126,14 +127,18 @@ class ModelRunner(GuardedRunner):
         rows, q = tokens.shape
         cache.prepare(self._fed(q))
         counts = [q] * rows if counts is None else counts
-        if rows == 1 and not cache.fixed and q == 1 and visible is None:
+        if cache.fixed:
+            return self._run_fixed(
+                tokens, start[:, None] + depths, _row_visible(visible, rows, q, device), counts, eager
+            )
+        if rows == 1 and q == 1 and visible is None:
             # One token sees every key: unmasked, as `generate`'s step attends (a plain step).
-            return self._run(tokens, start[:, None] + depths, None, counts, eager)
-        if rows == 1 and not cache.fixed:
+            return self._run(tokens, start[:, None] + depths, None, counts)
+        if rows == 1:
             # One row sees every key before its block: the mask covers the block alone, and the prefix is attended
             # unmasked on the fused kernel (`tree_block_attention`), whose cost stays flat as long prompts grow.
             block = arange(q, device)[None, :] <= arange(q, device)[:, None] if visible is None else visible[..., 1:-1]
-            return self._run(tokens, start[:, None] + depths, block.reshape(1, q, -1), counts, eager)
+            return self._run(tokens, start[:, None] + depths, block.reshape(1, q, -1), counts)
         relative = arange(cache.span, device)[None, :] - cache.starts[:rows, None]
         if visible is None:
             seen = relative[:, None, :] <= arange(q, device)[None, :, None]
@@ -144,7 +149,7 @@ class ModelRunner(GuardedRunner):
                 seen = visible[:, columns].transpose(0, 1)
             else:
                 seen = visible.gather(2, columns[:, None, :].expand(-1, q, -1))
-        return self._run(tokens, start[:, None] + depths, seen, counts, eager)
+        return self._run(tokens, start[:, None] + depths, seen, counts)
 
     def warm_up(self, largest: int) -> None:
         """Run the compiled forward once at every padded size up to `largest` tokens over the rows (compiling each),
@@ -199,64 +204,67 @@ class ModelRunner(GuardedRunner):
         return padded_size(q) if self.cache.fixed else q
 
     def _run(
-        self,
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        seen: torch.Tensor | None,
-        counts: list[int],
-        eager: bool = False,
+        self, tokens: torch.Tensor, positions: torch.Tensor, seen: torch.Tensor | None, counts: list[int]
     ) -> torch.Tensor:
-        """The forward over `tokens` (B, q) at `positions`, each query seeing the keys `seen` (B, q, span) marks (None:
-        every key, no mask); the first `counts[b]` of row b enter its cache. Returns the logits (B, q, V)."""
-        rows, q = tokens.shape
-        if self.cache.fixed:
-            tokens, positions, seen = self._padded(tokens, positions, seen)
+        """The eager forward over `tokens` (B, q) at `positions`, each query seeing the keys `seen` (B, q, span) marks
+        (None: every key, no mask); the first `counts[b]` of row b enter its cache. Returns the logits (B, q, V)."""
         mask = None if seen is None else torch.where(seen, self._zero, torch.finfo(self.dtype).min)[:, None]
         position_ids = self.adapter.position_ids(positions.reshape(-1))
         position_ids = position_ids.reshape(*position_ids.shape[:-2], *tokens.shape)
         inputs = dict(
-            input_ids=tokens,
-            position_ids=position_ids,
-            attention_mask=mask,
-            cache=self.cache,
-            use_cache=True,
+            input_ids=tokens, position_ids=position_ids, attention_mask=mask, cache=self.cache, use_cache=True
         )
         with tree_attention(self.adapter.language_model.config):
+            logits = self.adapter.model(**inputs).logits
+        self.cache.commit(counts)
+        return logits.to(self.device)
+
+    def _run_fixed(
+        self, tokens: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, counts: list[int], eager: bool
+    ) -> torch.Tensor:
+        """The fixed-shape forward (`fixed_forward`) over `tokens` (B, q) at `positions` (B, q) under the tree block
+        `visible` (B, q, w + 2), through the compiled form (one region) unless `eager` or none is held; the first
+        `counts[b]` tokens of row b enter its cache. Returns the logits (B, q, V)."""
+        rows, q = tokens.shape
+        cache = self.cache
+        shape = (cache.bucket, padded_size(q), cache.capacity)
+        arguments = (self.adapter.position_ids, cache, tokens, positions, visible, cache.starts, shape)
+        with tree_attention(self.adapter.language_model.config):
             if self.compiled is None or eager:
-                logits = self.adapter.model(**inputs).logits
+                logits = fixed_forward(self.adapter.model, *arguments)
             else:
+                mark_varying(tokens, positions, visible)
                 try:
-                    logits = self.compiled(**inputs).logits
+                    logits = self.compiled(*arguments)
                 except Exception as error:
                     if self.guard is None:
                         raise
                     self.guard.fall_back(f"the {self.role}'s compiled {tuple(tokens.shape)} forward", error)
-                    logits = self.adapter.model(**inputs).logits
+                    logits = fixed_forward(self.adapter.model, *arguments)
         self.cache.commit(counts)
         logits = logits[:rows, :q]
         # A CUDA graph's outputs live in its memory pool, which its next replay overwrites.
-        return logits.clone() if logits.device.type == "cuda" and self.cache.fixed else logits.to(self.device)
-
-    def _padded(
-        self, tokens: torch.Tensor, positions: torch.Tensor, seen: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """A fixed-shape forward's inputs: `tokens`, `positions` (B, q) and `seen` (B, q, capacity) padded to the
-        cache's bucket of rows and the padded size; padding (free slots, and queries past q) sees the first key only,
-        so its outputs stay finite, and nothing sees it."""
-        rows, q = tokens.shape
-        bucket, size = self.cache.bucket, padded_size(q)
-        if (bucket, size) == (rows, q):
-            return tokens, positions, seen
-        padded_tokens = tokens.new_zeros(bucket, size)
-        padded_tokens[:rows, :q] = tokens
-        padded_positions = positions.new_zeros(bucket, size)
-        padded_positions[:rows, :q] = positions
-        padded_positions[:rows, q:] = positions[:, -1:]
-        padded_seen = seen.new_zeros(bucket, size, seen.shape[2])
-        padded_seen[..., 0] = True
-        padded_seen[:rows, :q] = seen
-        return padded_tokens, padded_positions, padded_seen
+        return logits.clone() if logits.device.type == "cuda" else logits.to(self.device)
 
     def keep_rows(self, starts: list[int], offsets: torch.Tensor, counts: list[int]) -> None:
         """In each row b, of the entries from `starts[b]` on keep those at its first `counts[b]` `offsets` (B, W)."""
         self.cache.keep_rows(starts, offsets.to(self.device), counts)
+
+
+#: Per device, row count and tokens: the causal block every row's tokens see (`_row_visible`), kept.
+_CAUSAL: dict[tuple[torch.device, int, int], torch.Tensor] = {}
+
+
+def _row_visible(visible: torch.Tensor | None, rows: int, q: int, device: torch.device) -> torch.Tensor:
+    """`forward_rows`' `visible` as every row's own contiguous (B, q, w + 2) block (the form `fixed_forward` takes, so
+    that one compiled graph serves them all): a shared (q, w + 2) block copied to each row, and None (a causal block:
+    every key before the tokens, and each token those up to its own) from a kept tensor."""
+    if visible is not None:
+        return (visible.expand(rows, -1, -1) if visible.ndim == 2 else visible).contiguous()
+    key = (torch.device(device), rows, q)
+    causal = _CAUSAL.get(key)
+    if causal is None:
+        block = torch.ones(q, q, dtype=torch.bool, device=device).tril()
+        edges = torch.zeros(q, 1, dtype=torch.bool, device=device)
+        causal = _CAUSAL[key] = torch.cat([~edges, block, edges], 1).expand(rows, -1, -1).contiguous()
+    return causal

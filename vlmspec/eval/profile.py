@@ -30,6 +30,7 @@ from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria,
 from ..policies import AutoPolicy, SageConfig, SageGtConfig
 from ..policies.draft_gate import DraftGateConfig
 from ..speculative import SpeculativeVLM
+from .trace_counts import TraceCounts, per_step, traced
 
 POLICIES = ("chain", "static-tree", "sage", "sage-gt", "plain")
 #: The policies as an accelerator runs them; `plain` is the default policy where drafting never pays: every step a
@@ -196,6 +197,7 @@ class Profile:
     tokens: float
     launches: dict[str, float]
     reads: dict[str, float]
+    traced: TraceCounts | None = None
 
     def per(self, unit: str) -> dict[str, float]:
         n = max(self.steps if unit == "step" else self.tokens, 1e-9)
@@ -240,10 +242,28 @@ def profile_generate(
 def profile_policy(
     spec: SpeculativeVLM, policy: str, inputs: dict, new_tokens: int, config: str, batch_size: int = 1
 ) -> Profile:
-    """Counts of `spec` with `policy` per decoding step and per emitted token."""
+    """Counts of `spec` with `policy` per decoding step and per emitted token: launches and reads where `spec` runs
+    eager, compiled regions, operators outside them, reads and graphs compiled after warm-up (`trace_counts`) where it
+    runs compiled."""
     runner = spec.with_options(_ON_ACCELERATORS[policy]() if policy in _ON_ACCELERATORS else policy, pruning=None)
-    counter = LaunchCounter(spec.target, spec.draft)
     settings = config_settings(config, None if spec.processor is None else spec.processor.tokenizer)
+    run = _policy_run(runner, inputs, settings, batch_size)
+    name = _named(policy, batch_size)
+    if spec.compiled:
+        spec.warm_up(new_tokens, **inputs)
+        traced, (steps, tokens) = _traced_difference(run, new_tokens)
+        empty = _full(Counter())
+        return Profile(name, config, steps, tokens, empty, empty, traced)
+    counter = LaunchCounter(spec.target, spec.draft)
+    try:
+        launches, reads, (steps, tokens) = _difference(counter, run, new_tokens)
+    finally:
+        counter.remove()
+    return Profile(name, config, steps, tokens, _full(launches), _full(reads))
+
+
+def _policy_run(runner: SpeculativeVLM, inputs: dict, settings: dict, batch_size: int):
+    """A call of `runner` on `batch_size` copies of `inputs` for `n` new tokens, returning its steps and tokens."""
 
     def run(n: int) -> tuple[int, int]:
         if batch_size == 1:
@@ -254,11 +274,18 @@ def profile_policy(
         results = list(runner.stream(rows, batch_size, max_new_tokens=n, **settings))
         return max(r.stats.iterations for r in results), sum(r.stats.new_tokens for r in results)
 
-    try:
-        launches, reads, (steps, tokens) = _difference(counter, run, new_tokens)
-    finally:
-        counter.remove()
-    return Profile(_named(policy, batch_size), config, steps, tokens, _full(launches), _full(reads))
+    return run
+
+
+def _traced_difference(run, new_tokens: int) -> tuple[TraceCounts, tuple[int, int]]:
+    """`_difference` for a compiled pair: the traced counts of `run(new_tokens)` less those of `run(2)`, after an
+    uncounted `run(new_tokens)` (the warm-up); graphs compiled are those of both counted calls."""
+    run(new_tokens)
+    short_counts, short = traced(lambda: run(2))
+    long_counts, long = traced(lambda: run(new_tokens))
+    difference = long_counts - short_counts
+    difference.compiled = long_counts.compiled + short_counts.compiled
+    return difference, (long[0] - short[0], long[1] - short[1])
 
 
 def _named(method: str, batch_size: int) -> str:
@@ -277,7 +304,8 @@ def run_profile(
     configs=tuple(CONFIGS),
     batch_size: int = 1,
 ):
-    """Every policy under every config, and plain `generate` under each config, on one prompt (B copies of it)."""
+    """Every policy under every config, and plain `generate` under each config where `spec` runs eager, on one prompt
+    (B copies of it)."""
     profiles = []
     inputs = {k: v.to(spec.target.device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
     batch = inputs
@@ -287,7 +315,8 @@ def run_profile(
     for config in configs:
         torch.manual_seed(0)
         tokenizer = None if spec.processor is None else spec.processor.tokenizer
-        profiles.append(profile_generate(spec.target, batch, new_tokens, config, tokenizer))
+        if not spec.compiled:
+            profiles.append(profile_generate(spec.target, batch, new_tokens, config, tokenizer))
         for policy in policies:
             torch.manual_seed(0)
             profiles.append(profile_policy(spec, policy, inputs, new_tokens, config, batch_size))
@@ -295,7 +324,10 @@ def run_profile(
 
 
 def markdown_table(profiles: list[Profile]) -> str:
-    """One row per method and config: counts per step, and the decoder's own per emitted token."""
+    """One row per method and config: counts per step, and the decoder's own per emitted token (compiled regions,
+    operators outside them, reads and graphs compiled after warm-up, for a compiled pair)."""
+    if profiles and profiles[0].traced is not None:
+        return _traced_table(profiles)
     lines = [
         "| method | config | steps | tokens/step | per step: target launches | draft launches | own launches | "
         "own host reads | host reads in forwards | per token: own launches | own host reads |",
@@ -308,5 +340,21 @@ def markdown_table(profiles: list[Profile]) -> str:
             f"{step['target launches']:.0f} | {step['draft launches']:.0f} | {step['own launches']:.0f} | "
             f"{step['own reads']:.1f} | {step['reads in forwards']:.1f} | {token['own launches']:.0f} | "
             f"{token['own reads']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def _traced_table(profiles: list[Profile]) -> str:
+    """The table of a compiled pair's profiles."""
+    lines = [
+        "| method | config | steps | tokens/step | per step: compiled regions | operators outside them | "
+        "host reads | graphs compiled after warm-up |",
+        "| --- " * 8 + "|",
+    ]
+    for p in profiles:
+        step = per_step(p.traced, p.steps)
+        lines.append(
+            f"| {p.method} | {p.config} | {p.steps:.0f} | {p.tokens / max(p.steps, 1):.2f} | {step['regions']:.1f} | "
+            f"{step['outside']:.0f} | {step['reads']:.1f} | {step['compiled']:.0f} |"
         )
     return "\n".join(lines)
