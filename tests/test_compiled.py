@@ -4,6 +4,7 @@ to their bucket) decode exactly, eager and under `torch.compile`; `compile=` res
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
 import torch
@@ -11,13 +12,16 @@ from test_batch import NEW_TOKENS, ROWS, assert_rows_equal_their_own_generate, e
 
 from vlmspec import SpeculativeVLM
 from vlmspec.engine.compiled import (
+    CACHE_ENV,
     COMPILE_ENV,
+    cache_folder,
     compiled_forward,
     fixed_capacity,
     padded_size,
     resolve_compile,
     row_bucket,
 )
+from vlmspec.testing import tiny_qwen2_5_vl
 
 POLICIES = ("chain", "static-tree", "sage", "sage-gt")
 
@@ -191,3 +195,11 @@ def test_warm_up_runs_every_padded_size_once_and_leaves_decoding_exact(qwen):
 def test_warm_up_does_nothing_for_eager_forwards(qwen):
     spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"], compile="off")
     assert spec.warm_up(32, **qwen.cases["image"]) == 0.0
+
+
+def test_compiled_graphs_persist_under_the_users_cache_folder(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv(CACHE_ENV, raising=False)
+    model = tiny_qwen2_5_vl()
+    assert compiled_forward(model, "on", "target") is not None
+    assert os.environ[CACHE_ENV] == str(cache_folder()) == str(tmp_path / "vlmspec" / "inductor")

@@ -23,6 +23,7 @@ import math
 import os
 import weakref
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -52,6 +53,15 @@ CHECK_TOKENS = 8
 #: send further shapes back to eager.
 RECOMPILE_LIMIT = 256
 _NOTICES: set[tuple[int, str]] = set()
+#: Where inductor keeps its compiled graphs between processes (torch's own variable; vlmspec sets it where unset).
+CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+
+
+def cache_folder() -> Path:
+    """The folder compiled graphs persist in between processes, so a second process starts warm: `vlmspec/inductor`
+    under the user's cache folder (`XDG_CACHE_HOME`, else `~/.cache`), rather than torch's default under `/tmp`,
+    which a reboot empties. `TORCHINDUCTOR_CACHE_DIR` chooses another."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vlmspec" / "inductor"
 
 
 def resolve_compile(setting: str | bool) -> str:
@@ -101,6 +111,7 @@ def compiled_forward(model: PreTrainedModel, setting: str | bool, role: str) -> 
         return None
     held = model.__dict__.get(_ATTRIBUTE)
     if held is None or held.owner != id(model):
+        os.environ.setdefault(CACHE_ENV, str(cache_folder()))
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         mode = "reduce-overhead" if device.type == "cuda" else None
         held = model.__dict__[_ATTRIBUTE] = _Held(
