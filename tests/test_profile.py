@@ -9,7 +9,8 @@ from conftest import DEVICE
 from vlmspec import SpeculativeVLM
 from vlmspec.adapters import adapter_for
 from vlmspec.device_tensors import host_values
-from vlmspec.eval.profile import LaunchCounter, markdown_table, profile_generate, profile_policy
+from vlmspec.eval.profile import LaunchCounter, Profile, markdown_table, profile_generate, profile_policy
+from vlmspec.eval.trace_counts import TraceCounts
 from vlmspec.testing import noisy_copy, tiny_qwen2_5_vl
 
 
@@ -62,6 +63,14 @@ def test_the_table_has_a_row_per_method(cases):
     ]
     table = markdown_table(rows)
     assert table.count("\n") == 3 and "| generate | greedy |" in table and "| sage | greedy |" in table
+
+
+def test_a_compiled_pairs_table_counts_regions_operators_outside_them_reads_and_graphs_per_step():
+    none = {scope: 0.0 for scope in ("target", "draft", "own")}
+    traced = TraceCounts(regions=30, outside=200, reads=10, compiled=2)
+    table = markdown_table([Profile("sage", "greedy", 10, 30, none, none, traced)])
+    assert "compiled regions" in table.splitlines()[0]
+    assert table.splitlines()[-1] == "| sage | greedy | 10 | 3.00 | 3.0 | 20 | 1.0 | 2 |"
 
 
 def test_indexing_with_a_zero_dim_tensor_counts_as_a_read():
