@@ -9,7 +9,7 @@ import pytest
 import torch
 from one_tree import accept_sampled, made_tree
 
-from vlmspec.engine.accept import Verdict, accept_sampled_rows, draw
+from vlmspec.engine.accept import Verdict, accept_greedy_rows, accept_sampled_rows, draw
 from vlmspec.engine.tree import Tree, Trees, rank_tree_shape
 from vlmspec.testing.distribution import g_test
 
@@ -145,3 +145,20 @@ def test_every_row_of_a_batch_emits_its_own_trees_exact_distribution():
         assert max(len(tokens) for tokens in emitted_rows[b]) <= depth + 1
         result = g_test(emitted_rows[b], exact_emissions(own, probs[b, :n]))
         assert result.impossible == 0 and result.passes(ALPHA), (b, result)
+
+
+def test_compiled_greedy_acceptance_of_a_wide_tree_equals_eager():
+    """Past 16 nodes, depths the accepted path does not reach find no node: an argmax over such an all-false row must
+    still give node 0 when compiled (inductor's CPU argmax over a uint8 row of booleans returned garbage there)."""
+    chain = [[0] * depth for depth in range(1, 8)]
+    siblings = [[rank] for rank in range(1, 16)]
+    shape = rank_tree_shape(chain + siblings, torch.device("cpu"))
+    n = shape.parents.shape[0]
+    tokens = torch.arange(n)[None].repeat(2, 1)
+    trees = Trees(tokens, torch.zeros(tokens.shape), shape.parents, shape.depths, shape.ancestors, 7)
+    target_choice = torch.zeros(2, n, dtype=torch.long)
+    target_choice[0, 0] = tokens[0, 1]  # row 0 accepts the first chain node, row 1 nothing
+    eager = accept_greedy_rows(trees, target_choice)
+    compiled = torch.compile(accept_greedy_rows, fullgraph=True, dynamic=False)(trees, target_choice)
+    assert n > 16 and eager.accepted.tolist() == [1, 0]
+    assert [compiled.path.tolist(), compiled.accepted.tolist()] == [eager.path.tolist(), eager.accepted.tolist()]

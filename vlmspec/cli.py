@@ -290,6 +290,8 @@ def _profile(args: argparse.Namespace) -> None:
     batch = f", B copies of the prompt at once (B = {', '.join(map(str, sizes))})" if sizes != [1] else ""
     title = f"vlmspec profile, {args.suite} suite{batch}, {args.max_new_tokens} new tokens, on {spec.target.device}"
     table = markdown_table(profiles)
+    if spec.compiled:
+        table += "\n\n" + _recompiles(spec, args, policies, configs)
     print(f"{title}:\n{table}")
     if args.out is not None:
         import json
@@ -302,6 +304,23 @@ def _profile(args: argparse.Namespace) -> None:
         settings = {k: v for k, v in vars(args).items() if k != "run"}
         report = {"settings": settings, "device": str(spec.target.device), "profiles": [asdict(p) for p in profiles]}
         (out / "results.json").write_text(json.dumps(report, indent=1))
+
+
+def _recompiles(spec, args: argparse.Namespace, policies: list[str], configs: tuple[str, ...]) -> str:
+    """`vlmspec profile --compile on`'s second table: graphs compiled after warm-up over `--prompts` prompts of the
+    suite (of different lengths), at each batch size."""
+    from .eval.bench import suite_inputs
+    from .eval.profile import recompiles_over_prompts, recompiles_table
+
+    prompts = suite_inputs(spec.processor, args.suite, args.prompts)
+    rows = [
+        recompiles_over_prompts(spec, policy, prompts, args.max_new_tokens, config, b)
+        for b in args.batch_size
+        for config in configs
+        for policy in policies
+    ]
+    lengths = sorted({p["input_ids"].shape[1] for p in prompts})
+    return f"Graphs compiled after warm-up over {len(prompts)} prompts of {lengths} tokens:\n" + recompiles_table(rows)
 
 
 def _number(convert, low: float, *, above: bool = False, high: float | None = None):
@@ -625,6 +644,12 @@ def _add_profile_parser(commands: argparse._SubParsersAction) -> None:
         default="off",
         help="off (the default): launches in every forward, eager; on: compiled regions entered, operators outside "
         "them, host reads and graphs compiled after warm-up",
+    )
+    profile.add_argument(
+        "--prompts",
+        type=_number(int, 1),
+        default=10,
+        help="with --compile on, also count the graphs compiled after warm-up over this many prompts (default 10)",
     )
     profile.add_argument(
         "--batch-size",

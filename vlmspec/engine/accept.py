@@ -121,7 +121,9 @@ def deepest_rows(trees: Trees, accepted: torch.Tensor) -> tuple[torch.Tensor, to
     on_path = ancestors.gather(1, best[:, None, None].expand(-1, 1, ancestors.shape[2]))[:, 0]
     levels = arange(trees.depth + 1, depths.device)
     at_depth = depths[:, None, :] == levels[None, :, None]
-    path = (at_depth & on_path[:, None, :]).to(torch.uint8).argmax(dim=2)
+    # int32, not uint8: compiled on the CPU (inductor, torch 2.13), an argmax over a uint8 row made of booleans, all
+    # false, returned garbage past 16 nodes.
+    path = (at_depth & on_path[:, None, :]).to(torch.int32).argmax(dim=2)
     return path, depths.gather(1, best[:, None])[:, 0], best
 
 

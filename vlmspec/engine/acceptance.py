@@ -252,7 +252,7 @@ def pack_rows(
         ends = ends | stops
     ends = ends & (positions[None] < offered[:, None])
     hit = ends.any(1)
-    count = torch.where(hit, ends.to(torch.uint8).argmax(1) + 1, offered)
+    count = torch.where(hit, ends.to(torch.int32).argmax(1) + 1, offered)  # int32: see `deepest_rows`
     room = rooms[0] if rows == 1 else host_values(rooms, device)
     finished = hit | (count >= room)
     flags = finished.long()[:, None] if verdict.doubt is None else torch.stack([finished, verdict.doubt], 1).long()

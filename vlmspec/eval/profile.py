@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch._dynamo.utils import counters
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
@@ -286,6 +287,46 @@ def _traced_difference(run, new_tokens: int) -> tuple[TraceCounts, tuple[int, in
     difference = long_counts - short_counts
     difference.compiled = long_counts.compiled + short_counts.compiled
     return difference, (long[0] - short[0], long[1] - short[1])
+
+
+@dataclass
+class Recompiles:
+    """Graphs a compiled pair compiled while `method` decoded `prompts` prompts (of different lengths) under `config`,
+    after its warm-up."""
+
+    method: str
+    config: str
+    prompts: int
+    compiled: int
+
+
+def recompiles_over_prompts(
+    spec: SpeculativeVLM, policy: str, prompts: list[dict], new_tokens: int, config: str, batch_size: int = 1
+) -> Recompiles:
+    """Graphs compiled while `policy` decodes every prompt of `prompts` (one at a time, or streamed `batch_size` at a
+    time: rows finish and join, so the batch meets every smaller bucket), after the pair's warm-up
+    (`SpeculativeVLM.warm_up` on the longest prompt) and one call on the first prompt: every one is a recompile a
+    user meets."""
+    runner = spec.with_options(_ON_ACCELERATORS[policy]() if policy in _ON_ACCELERATORS else policy, pruning=None)
+    settings = config_settings(config, None if spec.processor is None else spec.processor.tokenizer)
+    longest = max(prompts, key=lambda p: p["input_ids"].shape[1])
+    spec.warm_up(new_tokens, **longest)
+    runner.generate(**prompts[0], max_new_tokens=new_tokens, **settings)
+    before = counters["stats"]["unique_graphs"]
+    if batch_size == 1:
+        for prompt in prompts:
+            runner.generate(**prompt, max_new_tokens=new_tokens, **settings)
+    else:
+        list(runner.stream(enumerate(prompts), batch_size, max_new_tokens=new_tokens, **settings))
+    compiled = counters["stats"]["unique_graphs"] - before
+    return Recompiles(_named(policy, batch_size), config, len(prompts), compiled)
+
+
+def recompiles_table(rows: list[Recompiles]) -> str:
+    """One row per method and config: the graphs compiled over the prompts after warm-up."""
+    lines = ["| method | config | prompts | graphs compiled after warm-up |", "| --- " * 4 + "|"]
+    lines += [f"| {r.method} | {r.config} | {r.prompts} | {r.compiled} |" for r in rows]
+    return "\n".join(lines)
 
 
 def _named(method: str, batch_size: int) -> str:
