@@ -148,8 +148,8 @@ def test_every_row_of_a_batch_emits_its_own_trees_exact_distribution():
 
 
 def test_compiled_greedy_acceptance_of_a_wide_tree_equals_eager():
-    """Past 16 nodes, depths the accepted path does not reach find no node: an argmax over such an all-false row must
-    still give node 0 when compiled (inductor's CPU argmax over a uint8 row of booleans returned garbage there)."""
+    """Past 16 nodes, depths the accepted path does not reach find no node: the argmax over such an all-false row must
+    still give node 0 when compiled, as eager (over uint8, inductor's CPU argmax once returned garbage there)."""
     chain = [[0] * depth for depth in range(1, 8)]
     siblings = [[rank] for rank in range(1, 16)]
     shape = rank_tree_shape(chain + siblings, torch.device("cpu"))

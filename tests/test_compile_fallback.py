@@ -61,9 +61,9 @@ def planted_failure(fails: Callable[[torch.nn.Module], bool], at_run: int = 0) -
     each compiled graph runs for the `at_run`-th time (as a CUDA graph's capture or first replay can). Other models
     compile through a backend that runs the traced graph as it is."""
 
-    def compile(forward, **kwargs):
-        # What is compiled is a model's `FixedForward` (its decoding forward), which names its model.
-        failing = fails(forward.model)
+    def compile(compiled, **kwargs):
+        # A forward's compiled form is its model's `FixedForward`; the step's own functions are never made to fail.
+        failing = fails(getattr(compiled, "model", None))
 
         def backend(graph, example_inputs):
             if failing and at_run == 0:
@@ -79,7 +79,7 @@ def planted_failure(fails: Callable[[torch.nn.Module], bool], at_run: int = 0) -
 
             return run
 
-        return REAL_COMPILE(forward, backend=backend, dynamic=False)
+        return REAL_COMPILE(compiled, backend=backend, dynamic=False)
 
     return compile
 
@@ -99,6 +99,12 @@ class Disagreeing(torch.nn.Module):
         self.calls += 1
         logits = self.forward_of(*args)
         return logits.roll(1, dims=-1) if self.disagree else logits
+
+
+def forwards_only(wrap: Callable) -> Callable:
+    """A `torch.compile` that gives a model's forward (its `FixedForward`) to `wrap` and leaves the step's own
+    functions uncompiled."""
+    return lambda compiled, **kwargs: wrap(compiled) if hasattr(compiled, "model") else compiled
 
 
 def warnings_in(caplog) -> list[str]:
@@ -131,7 +137,7 @@ def test_other_wrappers_of_a_pair_that_fell_back_run_eager_without_a_second_warn
     monkeypatch, caplog, models, inputs
 ):
     target, draft = models
-    monkeypatch.setattr(torch, "compile", planted_failure(lambda model: True))
+    monkeypatch.setattr(torch, "compile", planted_failure(lambda model: model is not None))
     spec = SpeculativeVLM(target, draft)
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         spec.generate(**inputs, max_new_tokens=4)
@@ -165,7 +171,7 @@ def test_compiled_forwards_that_choose_other_tokens_than_eager_are_caught_before
 ):
     target, draft = models
     odd = target if disagreeing == "target" else draft
-    monkeypatch.setattr(torch, "compile", lambda forward, **kwargs: Disagreeing(forward, forward.model is odd))
+    monkeypatch.setattr(torch, "compile", forwards_only(lambda forward: Disagreeing(forward, forward.model is odd)))
     prompts = [inputs, on_device(chat_inputs(processor, "What is shown here?"))][:rows]
     batch = on_device(adapter_for(target).join_rows(prompts, processor.tokenizer.pad_token_id)) if rows > 1 else inputs
     reference = target.generate(**batch, do_sample=False, max_new_tokens=NEW_TOKENS)
@@ -186,11 +192,11 @@ def test_compiled_forwards_that_agree_with_eager_are_checked_once_per_model_and_
     target, draft = models
     built = {}
 
-    def compile(forward, **kwargs):
+    def compile(forward):
         built[forward.model] = Disagreeing(forward, disagree=False)
         return built[forward.model]
 
-    monkeypatch.setattr(torch, "compile", compile)
+    monkeypatch.setattr(torch, "compile", forwards_only(compile))
     reference = target.generate(**inputs, do_sample=False, max_new_tokens=NEW_TOKENS)
     spec = SpeculativeVLM(target, draft, "chain")
     calls = []
@@ -209,7 +215,7 @@ def test_a_padded_batch_and_a_stream_decode_exactly_on_a_pair_whose_compilation_
     monkeypatch, models, inputs, processor
 ):
     target, draft = models
-    monkeypatch.setattr(torch, "compile", planted_failure(lambda model: True))
+    monkeypatch.setattr(torch, "compile", planted_failure(lambda model: model is not None))
     spec = SpeculativeVLM(target, draft)
     text = on_device(chat_inputs(processor, "What is shown here?"))
     rows = [inputs, text]
@@ -250,7 +256,7 @@ def own_caption(saved_pair, image_file, prompt, max_new_tokens) -> str:
 
 @pytest.mark.usefixtures("auto_compiles_here")
 def test_vlmspec_generate_falls_back_and_returns_the_targets_own_text(monkeypatch, caplog, saved_pair, image_file):
-    monkeypatch.setattr(torch, "compile", planted_failure(lambda model: True))
+    monkeypatch.setattr(torch, "compile", planted_failure(lambda model: model is not None))
     prompt = "Describe the image in detail."
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         text = vlmspec.generate(prompt, images=image_file, model=saved_pair[0], draft=saved_pair[1], max_new_tokens=12)
@@ -264,7 +270,7 @@ def test_vlmspec_generate_falls_back_and_returns_the_targets_own_text(monkeypatc
 def test_caption_falls_back_and_writes_the_targets_own_captions(
     monkeypatch, caplog, capsys, saved_pair, image_file, tmp_path, batch_size
 ):
-    monkeypatch.setattr(torch, "compile", planted_failure(lambda model: True))
+    monkeypatch.setattr(torch, "compile", planted_failure(lambda model: model is not None))
     second = str(write_image(tmp_path / "second.png", seed=5))
     out = tmp_path / "captions.jsonl"
     pair = ["--model", saved_pair[0], "--draft", saved_pair[1], "--device", str(DEVICE)]

@@ -236,3 +236,15 @@ def test_a_fixed_cache_keeps_its_buffers_for_the_next_batch():
     assert second.rows == 0 and second.slots == 2 and second.capacity == first.capacity
     admitted(second, 3, 1, room=4)
     assert second.layer_slab(0)[0].data_ptr() == first.layer_slab(0)[0].data_ptr()
+
+
+def test_a_fixed_cache_that_keeps_a_smaller_batchs_buffers_grows_them_to_its_own_slots():
+    first = RowCache([CPU] * LAYERS, slots=1, fixed=True)
+    admitted(first, 3, 0, room=4)
+    second = RowCache([CPU] * LAYERS, slots=4, fixed=True, reuse=first)
+    for seed in range(4):
+        admitted(second, 3, seed, room=4)
+    second.prepare(1)
+    keys, _ = second.layers[0].bound
+    assert second.slots == 4 and keys.shape[0] == second.bucket == 4
+    assert second.layer_slab(0)[0].shape[0] == 4

@@ -307,12 +307,14 @@ def _profile(args: argparse.Namespace) -> None:
 
 
 def _recompiles(spec, args: argparse.Namespace, policies: list[str], configs: tuple[str, ...]) -> str:
-    """`vlmspec profile --compile on`'s second table: graphs compiled after warm-up over `--prompts` prompts of the
-    suite (of different lengths), at each batch size."""
+    """`vlmspec profile --compile on`'s second table: graphs compiled after warm-up over `--prompts` prompts (the
+    image and video suites' items in turn), at each batch size."""
     from .eval.bench import suite_inputs
     from .eval.profile import recompiles_over_prompts, recompiles_table
 
-    prompts = suite_inputs(spec.processor, args.suite, args.prompts)
+    # Images and videos alternate, so that the prompts' lengths (and their caches' sizes) differ.
+    halves = [suite_inputs(spec.processor, suite, -(-args.prompts // 2)) for suite in ("image", "video")]
+    prompts = [p for pair in zip(*halves, strict=True) for p in pair][: args.prompts]
     rows = [
         recompiles_over_prompts(spec, policy, prompts, args.max_new_tokens, config, b)
         for b in args.batch_size
@@ -649,7 +651,8 @@ def _add_profile_parser(commands: argparse._SubParsersAction) -> None:
         "--prompts",
         type=_number(int, 1),
         default=10,
-        help="with --compile on, also count the graphs compiled after warm-up over this many prompts (default 10)",
+        help="with --compile on, also count the graphs compiled after warm-up over this many prompts, images and "
+        "videos in turn (default 10)",
     )
     profile.add_argument(
         "--batch-size",

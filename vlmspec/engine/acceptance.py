@@ -18,6 +18,7 @@ import torch
 
 from ..device_tensors import arange, host_values
 from .accept import Verdict, accept_greedy_rows, accept_sampled_rows
+from .compiled import Captured, GuardedRunner
 from .draft import GrownTrees
 from .processing import NodeProcessing, RowSequences, TargetSampler, same_processing, uniform_processing
 from .stopping import StringCheck
@@ -46,18 +47,26 @@ def accept_trees(
     with_tree: bool,
     strings: StringCheck | None = None,
     compact: bool = True,
+    capture: GuardedRunner | None = None,
 ) -> Acceptance:
     """Accept every row's tree from the target's `logits` (B, N, V) and read all rows' results at once. Greedy rows
     take the target's choices, sampling rows recursive rejection (rows of both rules in one batch are accepted both
     ways, each keeping its own); a sampled row whose verdict is in doubt (see `NodeProcessing.distribution`,
     `compact`) is accepted again alone from its full rows (a second read, only then). `trees` are `drafted.trees`
     where the target's logits are; `strings` checks the rows' stop strings after each emitted token (None: no row has
-    any). One sequence is a batch of one."""
+    any). One sequence is a batch of one. With `capture` (the target's runner), rows that all accept greedily without
+    processing or stop strings are accepted and packed in one compiled region where the pair runs compiled
+    (`GREEDY_STEP`)."""
     rules = [s.do_sample for s in samplers]
     processings = [s.processing for s in samplers]
     plain = uniform_processing(processings)
     # A tree of its root alone (a plain step) warps its rows whole, as `generate` does: nothing to compact or doubt.
     compact = compact and trees.size > 1
+    if plain and not any(rules) and strings is None and capture is not None:
+        room = host_values(rooms, trees.tokens.device)
+        step = (trees, logits, eos_token_ids, room, drafted.greedy_depth, statistics, with_tree)
+        verdict, tokens, packed = GREEDY_STEP(capture, *step)
+        return Acceptance(verdict, tokens, read_rows(packed, trees, tokens, with_tree, drafted.sizes))
     scores = _target_scores(logits, trees, processings, plain, sequences)
     greedy = None if all(rules) else accept_greedy_rows(trees, scores.argmax(-1))
     verdict = greedy
@@ -73,6 +82,27 @@ def accept_trees(
     stops = None if strings is None else strings.hits(tokens)
     packed = pack_rows(trees, verdict, tokens, eos_token_ids, rooms, drafted.greedy_depth, statistics, with_tree, stops)
     accepted = Acceptance(verdict, tokens, read_rows(packed, trees, tokens, with_tree, drafted.sizes))
+    _accept_doubts_alone(
+        accepted, drafted, trees, logits, samplers, sequences, eos_token_ids, rooms, statistics, with_tree, strings
+    )
+    return accepted
+
+
+def _accept_doubts_alone(
+    accepted: Acceptance,
+    drafted: GrownTrees,
+    trees: Trees,
+    logits: torch.Tensor,
+    samplers: Sequence[TargetSampler],
+    sequences: RowSequences,
+    eos_token_ids: torch.Tensor,
+    rooms: list[int],
+    statistics: torch.Tensor | None,
+    with_tree: bool,
+    strings: StringCheck | None,
+) -> None:
+    """Accept again, alone and from its full rows, each row of `accepted` whose verdict is in doubt (`accept_trees`'
+    arguments), and put its result in its place."""
     for b, report in enumerate(accepted.reports):
         if report.doubt:
             again = accept_trees(
@@ -89,7 +119,27 @@ def accept_trees(
                 compact=False,
             )
             _replace_row(accepted, b, again)
-    return accepted
+
+
+def greedy_step(
+    trees: Trees,
+    logits: torch.Tensor,
+    eos_token_ids: torch.Tensor,
+    rooms: torch.Tensor,
+    greedy_depth: torch.Tensor,
+    statistics: torch.Tensor | None,
+    with_tree: bool,
+) -> tuple[Verdict, torch.Tensor, torch.Tensor]:
+    """Greedy acceptance of every row's tree from the target's `logits` (B, N, V), without processing or stop
+    strings: the verdict, the emitted tokens (B, depth + 1) and the packed rows (`pack_rows`; `rooms` (B,) each row's
+    tokens left)."""
+    verdict = accept_greedy_rows(trees, logits.float().argmax(-1))
+    tokens = emitted_rows(trees, verdict)
+    return verdict, tokens, pack_rows(trees, verdict, tokens, eos_token_ids, rooms, greedy_depth, statistics, with_tree)
+
+
+#: `greedy_step` as one compiled region while the pair runs compiled.
+GREEDY_STEP = Captured(greedy_step, "greedy acceptance")
 
 
 def _target_scores(
@@ -230,20 +280,20 @@ def pack_rows(
     verdict: Verdict,
     tokens: torch.Tensor,
     eos_token_ids: torch.Tensor,
-    rooms: list[int],
+    rooms: list[int] | torch.Tensor,
     greedy_depth: torch.Tensor,
     statistics: torch.Tensor | None = None,
     with_tree: bool = False,
     stops: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Settle EOS, stop strings and the budget on the device and pack what the host must know of every row, a float64
-    `(B, values)` matrix read in one go (`read_rows`): `tokens` (B, depth + 1) are
-    each row's emitted tokens, `eos_token_ids` (B, E) its EOS ids (padded with -1), `rooms` its tokens left,
-    `statistics` (B, s) its policy's values, `stops` (B, depth + 1) whether a stop string ends right after each
-    token (None: no row has any)."""
+    `(B, values)` matrix read in one go (`read_rows`): `tokens` (B, depth + 1) are each row's emitted tokens,
+    `eos_token_ids` (B, E) its EOS ids (padded with -1), `rooms` its tokens left (a list, or a (B,) tensor),
+    `statistics` (B, s) its policy's values, `stops` (B, depth + 1) whether a stop string ends right after each token
+    (None: no row has any)."""
     device = tokens.device
     rows = tokens.shape[0]
-    if tokens.shape[1] == 1 and statistics is None and not with_tree:
+    if tokens.shape[1] == 1 and statistics is None and not with_tree and isinstance(rooms, list):
         return _pack_one_token(verdict, tokens, eos_token_ids, rooms, stops)
     offered = verdict.accepted + 1
     positions = arange(tokens.shape[1], device)
@@ -253,7 +303,10 @@ def pack_rows(
     ends = ends & (positions[None] < offered[:, None])
     hit = ends.any(1)
     count = torch.where(hit, ends.to(torch.int32).argmax(1) + 1, offered)  # int32: see `deepest_rows`
-    room = rooms[0] if rows == 1 else host_values(rooms, device)
+    if isinstance(rooms, torch.Tensor):
+        room = rooms
+    else:
+        room = rooms[0] if rows == 1 else host_values(rooms, device)
     finished = hit | (count >= room)
     flags = finished.long()[:, None] if verdict.doubt is None else torch.stack([finished, verdict.doubt], 1).long()
     head = [verdict.accepted[:, None], count.clamp_max(room)[:, None], flags]

@@ -344,6 +344,7 @@ class BatchDecoder:
             None if plain else policy.statistics(drafted.root_log_probs),
             False if plain else policy.reads_tree,
             state.strings,
+            capture=self.prefiller.target,
         )
 
     def _observe_plain(

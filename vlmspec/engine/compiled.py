@@ -159,6 +159,7 @@ class GuardedRunner:
         self.adapter = adapter
         self.role = role
         self._compiled = compiled
+        self.captured: dict[str, Callable] = {}
         self.guard = guard if compiled is not None else None
         if self.guard is not None:
             self.guard.attach(adapter.model)
@@ -167,6 +168,12 @@ class GuardedRunner:
     def compiled(self) -> Callable | None:
         """The compiled form the forwards run through, or None to run eager (also once the pair's guard fell back)."""
         return None if self.guard is not None and self.guard.failure is not None else self._compiled
+
+    @property
+    def captures(self) -> bool:
+        """Whether the step's own work runs compiled too (`Captured`): while the forwards run compiled, not merely at
+        fixed shapes."""
+        return self.compiled is not None and not isinstance(self.compiled, FixedForward)
 
     def refresh(self) -> None:
         """Read the model's device and dtype (once per call: looking them up costs more than a tree operation)."""
@@ -243,6 +250,32 @@ class CompileGuard:
             COMPILE_ENV,
             "see it raise" if error is not None else "run it compiled regardless",
         )
+
+
+class Captured:
+    """A pure tensor function of the step (tensors and typed tensor records in, tensors out, no host read), run as one
+    compiled region (`fullgraph=True`, fixed shapes) while `runner.captures`, else eager. Each runner keeps its own
+    compiled form (`GuardedRunner.captured`); dynamo's graphs are shared by all. A compiled call that raises raises
+    under `compile="on"`; under `"auto"` the pair falls back to eager (the `CompileGuard`) and the call is run again
+    eager."""
+
+    def __init__(self, function: Callable, name: str):
+        self.function = function
+        self.name = name
+
+    def __call__(self, runner: GuardedRunner, *args: Any) -> Any:
+        if not runner.captures:
+            return self.function(*args)
+        compiled = runner.captured.get(self.name)
+        if compiled is None:
+            compiled = runner.captured[self.name] = torch.compile(self.function, fullgraph=True, dynamic=False)
+        try:
+            return compiled(*args)
+        except Exception as error:
+            if runner.guard is None:
+                raise
+            runner.guard.fall_back(f"the compiled {self.name}", error)
+            return self.function(*args)
 
 
 def _describe(error: BaseException) -> str:

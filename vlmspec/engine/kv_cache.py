@@ -133,8 +133,10 @@ class RowCache(Cache):
         self._written: list[PromptSlot] = []
         if fixed and reuse is not None and reuse.fixed and reuse.layer_devices == self.layer_devices:
             # Compiled forwards (CUDA graphs above all) keep running on the same buffers from batch to batch.
+            # A larger batch grows them to its own slots (the views of every bucket made again).
+            slots, self.slots = self.slots, reuse.slots
             self._slabs, self._views, self.capacity = reuse._slabs, reuse._views, reuse.capacity
-            self.slots = max(self.slots, reuse.slots)
+            self._grow_slots(slots)
 
     @property
     def rows(self) -> int:
