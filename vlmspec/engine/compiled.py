@@ -268,7 +268,7 @@ class Captured:
             return self.function(*args)
         compiled = runner.captured.get(self.name)
         if compiled is None:
-            compiled = runner.captured[self.name] = torch.compile(self.function, fullgraph=True, dynamic=False)
+            compiled = runner.captured[self.name] = torch.compile(self.function, fullgraph=True, dynamic=None)
         try:
             return compiled(*args)
         except Exception as error:
