@@ -54,19 +54,15 @@ def accept_trees(
     ways, each keeping its own); a sampled row whose verdict is in doubt (see `NodeProcessing.distribution`,
     `compact`) is accepted again alone from its full rows (a second read, only then). `trees` are `drafted.trees`
     where the target's logits are; `strings` checks the rows' stop strings after each emitted token (None: no row has
-    any). One sequence is a batch of one. With `capture` (the target's runner), rows that all accept greedily without
-    processing or stop strings are accepted and packed in one compiled region where the pair runs compiled
-    (`GREEDY_STEP`)."""
+    any). One sequence is a batch of one. With `capture` (the target's runner), greedy rows without processing or stop
+    strings are accepted in one compiled region where the pair runs compiled (`_accept_greedy_captured`)."""
     rules = [s.do_sample for s in samplers]
     processings = [s.processing for s in samplers]
     plain = uniform_processing(processings)
     # A tree of its root alone (a plain step) warps its rows whole, as `generate` does: nothing to compact or doubt.
     compact = compact and trees.size > 1
     if plain and not any(rules) and strings is None and capture is not None:
-        room = host_values(rooms, trees.tokens.device)
-        step = (trees, logits, eos_token_ids, room, drafted.greedy_depth, statistics, with_tree)
-        verdict, tokens, packed = GREEDY_STEP(capture, *step)
-        return Acceptance(verdict, tokens, read_rows(packed, trees, tokens, with_tree, drafted.sizes))
+        return _accept_greedy_captured(capture, drafted, trees, logits, eos_token_ids, rooms, statistics, with_tree)
     scores = _target_scores(logits, trees, processings, plain, sequences)
     greedy = None if all(rules) else accept_greedy_rows(trees, scores.argmax(-1))
     verdict = greedy
@@ -82,27 +78,6 @@ def accept_trees(
     stops = None if strings is None else strings.hits(tokens)
     packed = pack_rows(trees, verdict, tokens, eos_token_ids, rooms, drafted.greedy_depth, statistics, with_tree, stops)
     accepted = Acceptance(verdict, tokens, read_rows(packed, trees, tokens, with_tree, drafted.sizes))
-    _accept_doubts_alone(
-        accepted, drafted, trees, logits, samplers, sequences, eos_token_ids, rooms, statistics, with_tree, strings
-    )
-    return accepted
-
-
-def _accept_doubts_alone(
-    accepted: Acceptance,
-    drafted: GrownTrees,
-    trees: Trees,
-    logits: torch.Tensor,
-    samplers: Sequence[TargetSampler],
-    sequences: RowSequences,
-    eos_token_ids: torch.Tensor,
-    rooms: list[int],
-    statistics: torch.Tensor | None,
-    with_tree: bool,
-    strings: StringCheck | None,
-) -> None:
-    """Accept again, alone and from its full rows, each row of `accepted` whose verdict is in doubt (`accept_trees`'
-    arguments), and put its result in its place."""
     for b, report in enumerate(accepted.reports):
         if report.doubt:
             again = accept_trees(
@@ -119,6 +94,25 @@ def _accept_doubts_alone(
                 compact=False,
             )
             _replace_row(accepted, b, again)
+    return accepted
+
+
+def _accept_greedy_captured(
+    capture: GuardedRunner,
+    drafted: GrownTrees,
+    trees: Trees,
+    logits: torch.Tensor,
+    eos_token_ids: torch.Tensor,
+    rooms: list[int],
+    statistics: torch.Tensor | None,
+    with_tree: bool,
+) -> Acceptance:
+    """`accept_trees` of rows that all accept greedily, without processing or stop strings: `greedy_step` as one
+    compiled region where `capture` (the target's runner) runs compiled, then the one read."""
+    room = host_values(rooms, trees.tokens.device)
+    step = (trees, logits, eos_token_ids, room, drafted.greedy_depth, statistics, with_tree)
+    verdict, tokens, packed = GREEDY_STEP(capture, *step)
+    return Acceptance(verdict, tokens, read_rows(packed, trees, tokens, with_tree, drafted.sizes))
 
 
 def greedy_step(
