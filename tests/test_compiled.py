@@ -192,6 +192,22 @@ def test_warm_up_runs_every_padded_size_once_and_leaves_decoding_exact(qwen):
     assert torch.equal(spec.generate(**qwen.cases["image"], max_new_tokens=32), qwen.reference("image"))
 
 
+def test_warm_up_for_a_batch_runs_every_padded_size_over_every_row_bucket_it_meets(qwen):
+    from vlmspec.engine.compiled import LARGEST_FORWARD, padded_sizes
+
+    spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"], policy="sage", compile="shapes")
+    shapes = set()
+    handle = qwen.target.register_forward_pre_hook(
+        lambda module, args, kwargs: shapes.add(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+    )
+    try:
+        spec.warm_up(32, batch_size=3, **qwen.cases["image"])
+    finally:
+        handle.remove()
+    assert {(rows, size) for rows in (1, 2, 4) for size in padded_sizes(LARGEST_FORWARD)} <= shapes
+    assert torch.equal(spec.generate(**qwen.cases["image"], max_new_tokens=32), qwen.reference("image"))
+
+
 def test_warm_up_does_nothing_for_eager_forwards(qwen):
     spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"], compile="off")
     assert spec.warm_up(32, **qwen.cases["image"]) == 0.0

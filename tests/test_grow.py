@@ -15,12 +15,16 @@ VOCAB = 12
 
 class TableDraft:
     """A draft whose next-token logits depend on the last token fed alone (a fixed random table), over rows of
-    `lengths` cached tokens: enough of a `ModelRunner` for the growth."""
+    `lengths` cached tokens: enough of a `ModelRunner` for the growth. With `captures` the growth's own step
+    functions run compiled, as they do beside a compiled draft."""
 
-    def __init__(self, rows: int, seed: int = 0):
+    def __init__(self, rows: int, seed: int = 0, captures: bool = False):
         generator = torch.Generator().manual_seed(seed)
         self.table = torch.randn(VOCAB, VOCAB, generator=generator) * 2.0
         self.lengths = [5] * rows
+        self.captures = captures
+        self.captured = {}
+        self.guard = None
 
     def positions(self, lengths: torch.Tensor) -> torch.Tensor:
         return lengths
@@ -29,12 +33,11 @@ class TableDraft:
         return self.table[tokens]
 
 
-def _grow(plans, roots: list[int], max_depth: int = 8):
+def _grow(plans, roots: list[int], max_depth: int = 8, captures: bool = False):
     rows = len(plans)
     pending = torch.tensor(roots)[:, None]
-    inputs = GrowthInputs(
-        TableDraft(rows), pending, [1] * rows, [max_depth] * rows, VOCAB, VOCAB, [None] * rows, [None] * rows
-    )
+    draft = TableDraft(rows, captures=captures)
+    inputs = GrowthInputs(draft, pending, [1] * rows, [max_depth] * rows, VOCAB, VOCAB, [None] * rows, [None] * rows)
     return draft_own_trees(inputs, plans)
 
 
@@ -74,6 +77,42 @@ def test_a_batch_mixing_plans_gives_each_row_the_tree_it_grows_alone(plans):
     for b, plan in enumerate(plans):
         alone = _grow([plan], [roots[b]])
         assert _tree(together, b) == _tree(alone, 0)
+
+
+def test_masked_levels_grown_as_compiled_regions_are_the_levels_grown_eager():
+    plans = [RankTreePlan(SPECVLM_TREE), _sage(masked=True), _sage(2.0, masked=True), _sage_gt()]
+    roots = [1, 4, 7, 2]
+    compiled, eager = _grow(plans, roots, captures=True), _grow(plans, roots)
+    for b in range(len(plans)):
+        (tokens, parents, log_probs), (eager_tokens, eager_parents, eager_log_probs) = (
+            _tree(compiled, b),
+            _tree(eager, b),
+        )
+        assert (tokens, parents) == (eager_tokens, eager_parents)
+        # A fused log-softmax rounds otherwise.
+        assert log_probs == pytest.approx(eager_log_probs, abs=1e-5)
+    assert compiled.sizes == eager.sizes and compiled.depths == eager.depths
+
+
+@pytest.mark.parametrize("paths", [SPECVLM_TREE, [[0], [0, 0], [0, 0, 0]]], ids=["tree", "chain"])
+def test_a_shared_shape_grown_as_compiled_regions_is_the_shape_grown_eager(paths):
+    shape = rank_tree_shape(paths, torch.device("cpu"))
+    pending = torch.tensor([[3], [5], [8]])
+
+    def grow(captures: bool):
+        inputs = GrowthInputs(
+            TableDraft(3, captures=captures), pending, [1] * 3, [8] * 3, VOCAB, VOCAB, [None] * 3, [None] * 3
+        )
+        return draft_rows(inputs, shape, 6)
+
+    compiled, eager = grow(True), grow(False)
+    for b in range(3):
+        (tokens, parents, log_probs), (eager_tokens, eager_parents, eager_log_probs) = (
+            _tree(compiled, b),
+            _tree(eager, b),
+        )
+        assert (tokens, parents) == (eager_tokens, eager_parents)
+        assert log_probs == pytest.approx(eager_log_probs, abs=1e-5)
 
 
 @pytest.mark.parametrize("paths", [SPECVLM_TREE, [[0], [0, 0], [0, 0, 0]], [[1], [0], [1, 2], [0, 0]]])

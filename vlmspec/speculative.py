@@ -358,11 +358,11 @@ class SpeculativeVLM:
         yield from self._batch.run(requests, batch_size, None if budget is None else budget.admits)
 
     @torch.inference_mode()
-    def warm_up(self, max_new_tokens: int = 128, **inputs: Any) -> float:
+    def warm_up(self, max_new_tokens: int = 128, batch_size: int = 1, **inputs: Any) -> float:
         """Compile, now, every padded size either model's decoding forwards can meet, at the cache size a call on
-        `inputs` (the processor's output for the longest prompt to come) with `max_new_tokens` uses; returns the
-        seconds it took (0 when nothing runs compiled). Compiled forwards otherwise compile each size on first use.
-        """
+        `inputs` (the processor's output for the longest prompt to come) with `max_new_tokens` uses, over every row
+        bucket of batches up to `batch_size` rows; returns the seconds it took (0 when nothing runs compiled).
+        Compiled forwards otherwise compile each size on first use."""
         if not self.compiled:
             return 0.0
         started = time.perf_counter()
@@ -373,7 +373,7 @@ class SpeculativeVLM:
         others = {k: v for k, v in row.items() if k != "input_ids"}
         settings = resolve_generation(self.target, None, {"max_new_tokens": max_new_tokens}, row["input_ids"], others)
         request = RowRequest(0, row, _to_device(row, self._draft_runner.device), row["input_ids"], settings)
-        self._batch.warm_up(request, LARGEST_FORWARD)
+        self._batch.warm_up(request, LARGEST_FORWARD, batch_size)
         return time.perf_counter() - started
 
     def __repr__(self) -> str:

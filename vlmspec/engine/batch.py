@@ -24,6 +24,7 @@ from ..errors import RequestCancelled
 from ..policies import BatchShape, StepOutcome, TreePlan, TreePolicy
 from .acceptance import Acceptance, StepReport, accept_trees
 from .commit import plan_commit
+from .compiled import Captured, row_bucket
 from .draft import Drafted, GrownTrees, root_trees
 from .grow import GrowthInputs, draft_own_trees, draft_rows
 from .model_runner import ModelRunner
@@ -160,21 +161,27 @@ class BatchDecoder:
             results.append(result)
         return [rows[b] for b in order], results
 
-    def warm_up(self, request: RowRequest, largest: int) -> None:
-        """Admit `request` alone and run each compiled model's check against eager forwards and a forward of every
-        padded size up to `largest` tokens over its row (compiling each), then let it go undecoded."""
-        target, draft = self._runners(1)
-        try:
-            ((_, row),) = self.prefiller.admit([request])
-            if isinstance(row, Exception):
-                raise row
-            if row.sink.finished:
-                return
-            self._check_compiled([row], target, draft)
-            for runner in (target, draft):
-                runner.warm_up(largest)
-        finally:
-            self.prefiller.release()
+    def warm_up(self, request: RowRequest, largest: int, batch_size: int = 1) -> None:
+        """Admit `request` alone and run each compiled model's check against eager forwards; then, for every row
+        bucket a batch of up to `batch_size` rows meets, admit that many copies of it and run a forward of every
+        padded size up to `largest` tokens over them (compiling each); let them go undecoded."""
+        buckets = sorted({row_bucket(rows) for rows in range(1, batch_size + 1)})
+        for bucket in buckets:
+            target, draft = self._runners(bucket)
+            try:
+                rows = []
+                for _, row in self.prefiller.admit([replace(request, key=b) for b in range(bucket)]):
+                    if isinstance(row, Exception):
+                        raise row
+                    rows.append(row)
+                if rows[0].sink.finished:
+                    return
+                if bucket == 1:
+                    self._check_compiled(rows, target, draft)
+                for runner in (target, draft):
+                    runner.warm_up(largest)
+            finally:
+                self.prefiller.release()
 
     def _runners(self, batch_size: int) -> tuple[ModelRunner, ModelRunner]:
         """The pair's target and draft runners, each started on a batch of up to `batch_size` rows (compiled as the
@@ -341,7 +348,7 @@ class BatchDecoder:
             proposal.sequences,
             state.eos,
             [row.sink.room for row in rows],
-            None if plain else policy.statistics(drafted.root_log_probs),
+            None if plain else STATISTICS(self.prefiller.draft, policy, drafted.root_log_probs),
             False if plain else policy.reads_tree,
             state.strings,
             capture=self.prefiller.target,
@@ -541,3 +548,12 @@ def observe_step(
             plain=plain,
         )
     )
+
+
+def policy_statistics(policy: TreePolicy, root_log_probs: torch.Tensor) -> torch.Tensor | None:
+    """The values `policy` needs from the step's root distribution (`TreePolicy.statistics`, a function of the
+    distribution alone): one compiled region where the pair runs compiled (`STATISTICS`)."""
+    return policy.statistics(root_log_probs)
+
+
+STATISTICS = Captured(policy_statistics, "policy statistics")

@@ -254,8 +254,9 @@ class CompileGuard:
 
 class Captured:
     """A pure tensor function of the step (tensors and typed tensor records in, tensors out, no host read), run as one
-    compiled region (`fullgraph=True`; dynamo's automatic dynamic shapes: a static graph first, then one with the sizes
-    that changed dynamic) while `runner.captures`, else eager. Each runner keeps its own
+    compiled region (`fullgraph=True`) while `runner.captures`, else eager, with dynamo's automatic dynamic shapes: a
+    static graph first, then one with the sizes and host numbers that changed dynamic (a caller may mark sizes it
+    knows will vary dynamic from the start, `maybe_mark_dynamic`). Each runner keeps its own
     compiled form (`GuardedRunner.captured`); dynamo's graphs are shared by all. A compiled call that raises raises
     under `compile="on"`; under `"auto"` the pair falls back to eager (the `CompileGuard`) and the call is run again
     eager."""

@@ -21,12 +21,14 @@ def fixed_forward(
     position_ids: Callable[[torch.Tensor], torch.Tensor],
     cache: Cache,
     tokens: torch.Tensor,
-    positions: torch.Tensor,
+    start: torch.Tensor,
+    depths: torch.Tensor,
     visible: torch.Tensor,
     starts: torch.Tensor,
     shape: tuple[int, int, int],
 ) -> torch.Tensor:
-    """`model`'s logits (bucket, size, V) for every row's `tokens` (B, q) at `positions` (B, q), padded to `shape`'s
+    """`model`'s logits (bucket, size, V) for every row's `tokens` (B, q) at positions `start[b] + depths` (`start`
+    (B,), `depths` (q,) or (B, q)), padded to `shape`'s
     bucket of rows and size, over a `cache` of `shape`'s capacity whose rows write from `starts` (bucket,) on. Row b's
     query i sees, of the row's last w keys after this forward, those `visible` (B, q, w + 2) marks (`with_edges`:
     column 0 every key before them, column w + 1 those after); padding (free slots, and queries past q) sees the first
@@ -36,6 +38,7 @@ def fixed_forward(
     width = visible.shape[-1] - 2
     bucket, size, capacity = shape
     device = tokens.device
+    positions = (start[:, None] + depths).expand(rows, q)
     relative = torch.arange(capacity, device=device)[None, :] - starts[:rows, None]
     columns = (relative - (q - width - 1)).clamp(0, width + 1)
     seen = visible.gather(2, columns[:, None, :].expand(-1, q, -1))
@@ -66,12 +69,13 @@ class FixedForward(torch.nn.Module):
         return fixed_forward(self.model, *args)
 
 
-def mark_varying(tokens: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor) -> None:
+def mark_varying(tokens: torch.Tensor, start: torch.Tensor, depths: torch.Tensor, visible: torch.Tensor) -> None:
     """Mark the sizes that vary from forward to forward dynamic for the compiler (rows, tokens and the tree block's
     width, where at least 2: a size of 1 is compiled apart), so that they share a graph."""
     rows, q = tokens.shape
-    for dim, size in ((0, rows), (1, q)):
+    marks = [(tokens, 0, rows), (start, 0, rows), (visible, 0, rows), (tokens, 1, q), (visible, 1, q)]
+    marks += [(depths, depths.ndim - 1, q)] + ([(depths, 0, rows)] if depths.ndim == 2 else [])
+    for tensor, dim, size in marks:
         if size > 1:
-            for tensor in (tokens, positions, visible):
-                torch._dynamo.maybe_mark_dynamic(tensor, dim)
+            torch._dynamo.maybe_mark_dynamic(tensor, dim)
     torch._dynamo.maybe_mark_dynamic(visible, 2)

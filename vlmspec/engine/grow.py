@@ -8,17 +8,20 @@ grows at most the levels it may use.
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from ..device_tensors import arange, host_values
-from ..policies import LevelChoice, LevelRules, TreePlan
+from ..policies import LevelRules, TreePlan
 from .draft import GrownTrees, proposal_log_probs, sequence_proposal_log_probs
+from .level_step import MASKED_LEVEL, PLAIN_MASKED_LEVEL, ROOT_SLOTS, Choice, Place, Slots, choose, mark_rows, write
 from .model_runner import ModelRunner
 from .processing import NodeProcessing, RowSequences, same_processing, uniform_processing
+from .shape_step import PLAIN_SHAPE_LEVEL, SHAPE_LEVEL, SHAPE_ROOT
+from .shape_step import mark_rows as mark_shared_rows
+from .slot_trees import slot_trees
 from .tree import Trees, TreeShape
 
 
@@ -60,63 +63,38 @@ class GrowthInputs:
 def draft_rows(inputs: GrowthInputs, shape: TreeShape, top_k: int) -> GrownTrees:
     """Grow every row's tree of `shape` with one draft forward per level over all rows, row b at most
     `inputs.max_depths[b]` levels (the others' deeper nodes invalid)."""
-    device, rows = inputs.pending.device, inputs.pending.shape[0]
+    rows = inputs.pending.shape[0]
     depth = min(shape.depth, max(inputs.max_depths))
     n = shape.level_ends[depth]
-    root_logits, root, root_position, fed_tokens = _root_forward(inputs)
-    tokens = torch.empty(rows, n, dtype=torch.long, device=device)
-    log_probs = torch.zeros(rows, n, device=device)
-    tokens[:, 0] = root
-    root_log_probs, root_order = inputs.log_probs(root_logits[:, None])
-    child_log_probs, child_order = root_log_probs, root_order
+    logits, last, start, fed_tokens = _root_forward(inputs)
+    root = (logits, inputs.pending, last, start, n, inputs.vocab_limit if inputs.plain else None)
+    root_logits, root_position, tokens, log_probs = SHAPE_ROOT(inputs.draft, *root)
+    root_log_probs, root_order = (root_logits, root_logits) if inputs.plain else inputs.log_probs(root_logits)
+    frontier: torch.Tensor | tuple[torch.Tensor, torch.Tensor] = (root_log_probs, root_order)
     cached_depth, forwards = 0, 1
     for level in range(1, depth + 1):
-        new = _shape_level(shape, level, top_k, child_log_probs, child_order, tokens, log_probs)
+        new = shape.level(level)
+        if isinstance(frontier, torch.Tensor):
+            mark_shared_rows(frontier, tokens, log_probs)
+            PLAIN_SHAPE_LEVEL(inputs.draft, shape, level, top_k, frontier, inputs.vocab_limit, tokens, log_probs)
+        else:
+            mark_shared_rows(*frontier, tokens, log_probs)
+            SHAPE_LEVEL(inputs.draft, shape, level, top_k, *frontier, tokens, log_probs)
         if level == depth:
             break
         visible = shape.block(new, slice(1, new.stop))
         logits = inputs.draft.forward_rows(tokens[:, new], shape.depths[new], root_position, visible)
         forwards, fed_tokens = forwards + 1, fed_tokens + rows * (new.stop - new.start)
-        ancestors = shape.ancestors[new, : new.stop]
-        child_log_probs, child_order = inputs.log_probs(logits, tokens[:, : new.stop], ancestors, level)
+        if inputs.plain:  # the level's log-probabilities are taken in its compiled region
+            frontier = logits
+        else:
+            ancestors = shape.ancestors[new, : new.stop]
+            frontier = inputs.log_probs(logits, tokens[:, : new.stop], ancestors, level)
         cached_depth = level
     trees, greedy_depth, row_depths = _shape_trees(shape, tokens, log_probs, depth, inputs.max_depths)
     sizes = [shape.level_ends[d] for d in row_depths]
     cached = [cached_depth] * rows
     return GrownTrees(trees, root_log_probs[:, 0], cached, greedy_depth, sizes, row_depths, forwards, fed_tokens)
-
-
-def _shape_level(
-    shape: TreeShape,
-    level: int,
-    top_k: int,
-    child_log_probs: torch.Tensor,
-    child_order: torch.Tensor,
-    tokens: torch.Tensor,
-    log_probs: torch.Tensor,
-) -> slice:
-    """Write `level` of every row's tree of `shape` into its `tokens` and path `log_probs` (B, N): each frontier
-    node's children are the ranks of its draft top-k the shape names, from the frontier's log-probabilities and
-    ranking key `child_log_probs`, `child_order` (B, F, V). Returns the level's nodes."""
-    rows = tokens.shape[0]
-    frontier, new = shape.level(level - 1), shape.level(level)
-    top = child_order.topk(top_k, dim=-1)
-    # Ranked by the log-probabilities themselves (no warpers), the top values are theirs.
-    top_log_probs = top.values if child_order is child_log_probs else child_log_probs.gather(-1, top.indices)
-    count = shape.full[level - 1]
-    if count is not None:  # every frontier node's first `count` ranks, in order: views, no gather
-        level_tokens = tokens[:, new].view(rows, -1, count)
-        level_tokens.copy_(top.indices[:, :, :count])
-        picked, level_log_probs = top_log_probs[:, :, :count], log_probs[:, new].view(rows, -1, count)
-        parents = log_probs[:, frontier, None]
-    else:
-        parent_rows, ranks = shape.children[level - 1]
-        tokens[:, new] = top.indices[:, parent_rows, ranks]
-        picked, level_log_probs = top_log_probs[:, parent_rows, ranks], log_probs[:, new]
-        parents = log_probs[:, frontier][:, parent_rows]
-    # The root's path log-probability is 0.
-    level_log_probs.copy_(picked if level == 1 else parents + picked)
-    return new
 
 
 def _shape_trees(
@@ -140,16 +118,15 @@ def _shape_trees(
 
 def _root_forward(inputs: GrowthInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """Feed every row's tokens the draft has not seen (its first `counts[b]` of `pending` (B, P)) in one forward;
-    returns the draft's logits after each row's root (its last pending token) (B, V), the roots (B,), their
-    positions (B,) and the tokens the forward carried (padding included)."""
+    returns the draft's logits (B, P, V), each row's last pending token (its root) (B,), the rows' first positions
+    (B,) and the tokens the forward carried (padding included)."""
     draft, pending, counts = inputs.draft, inputs.pending, inputs.counts
     device, rows = pending.device, pending.shape[0]
     last = host_values([c - 1 for c in counts], device)
     start = draft.positions(host_values(draft.lengths, device))
     fed = pending.clamp_max(inputs.input_limit - 1)
     logits = draft.forward_rows(fed, arange(fed.shape[1], device), start, None, counts)
-    root_logits = logits.gather(1, last[:, None, None].expand(rows, 1, logits.shape[2]))[:, 0]
-    return root_logits, pending.gather(1, last[:, None])[:, 0], start + last, rows * fed.shape[1]
+    return logits, last, start, rows * fed.shape[1]
 
 
 def draft_own_trees(inputs: GrowthInputs, plans: Sequence[TreePlan]) -> GrownTrees:
@@ -161,8 +138,9 @@ def draft_own_trees(inputs: GrowthInputs, plans: Sequence[TreePlan]) -> GrownTre
     row keeps, read level by level with whether any row's next level pays. Each row keeps the children its plan's
     rule selects (`LevelRules.select`, every row's parameters on the device from one copy), first by frontier slot
     then rank (the order a fixed tree's nodes have), the rest dropped. A level writes only what the next one reads
-    (tokens, path log-probabilities, ancestor rows, which slots are dropped, each slot's candidate index); parents,
-    ranks and depths follow from those once, after the growth. One read of every row's real slots then gathers each
+    (`level_step`: tokens, path log-probabilities, ancestor rows, which slots are dropped, each slot's candidate
+    index); a masked level's choice and writes are one compiled region where the pair runs compiled. Parents, ranks
+    and depths follow from those once, after the growth. One read of every row's real slots then gathers each
     row's tree to its own nodes (per-row structure, padded; `slots` maps each node to the slot the draft was fed it
     at). Row b grows at most `inputs.max_depths[b]` levels.
     """
@@ -171,68 +149,37 @@ def draft_own_trees(inputs: GrowthInputs, plans: Sequence[TreePlan]) -> GrownTre
     limits = zip(plans, inputs.max_depths, strict=True)
     row_depths = [max(0, min(plan.levels(masked), limit)) for plan, limit in limits]
     levels = max(row_depths)
-    root_logits, root, root_position, fed_tokens = _root_forward(inputs)
+    logits, last, start, fed_tokens = _root_forward(inputs)
     capacity = 1 + levels * max(plan.max_nodes for plan in plans)
     rules = LevelRules.of(plans, row_depths, device)
-    growth = _Growth.start(root, capacity, rules.reach, min(row_depths))
-    root_log_probs, root_order = inputs.log_probs(root_logits[:, None])
-    child_log_probs, child_order = root_log_probs, root_order
-    selection = _Selection.of(plans, rules, masked)
+    plain = inputs.vocab_limit if inputs.plain else None
+    root = (logits, inputs.pending, last, start, rules.reach, capacity, plain)
+    root_logits, root_position, slots = ROOT_SLOTS(inputs.draft, *root)
+    growth = _Growth(slots, min(row_depths), _Selection.of(plans, rules, masked))
+    root_log_probs, root_order = (root_logits, root_logits) if inputs.plain else inputs.log_probs(root_logits)
+    frontier: torch.Tensor | tuple[torch.Tensor, torch.Tensor] = (root_log_probs, root_order)
     cached_depth, forwards = 0, 1
     for level in range(1, levels + 1):
-        choice = _select_children(selection, growth, level, child_log_probs, child_order)
-        if choice.count == 0:  # (masked: every row's node cap is 0, a plain step)
+        count, grows = _grow_level(inputs, growth, level, frontier)
+        if count == 0:  # (masked: every row's node cap is 0, a plain step)
             break
-        new = _write_level(growth, choice, rules)
-        if level == levels or not choice.grows:
+        new = growth.advance(count)
+        if level == levels or not grows:
             break
+        slots = growth.slots
         # The new nodes' ancestor rows over slots 0..size are their visibility with its edges (`with_edges`): the
         # root before the block, the slot after it not yet grown.
-        visible = growth.ancestors[:, new, : growth.size + 1]
-        depths = arange(levels + 1, device)[level : level + 1].expand(choice.count)
-        logits = inputs.draft.forward_rows(growth.tokens[:, new], depths, root_position, visible)
-        forwards, fed_tokens = forwards + 1, fed_tokens + rows * choice.count
-        tokens, ancestors = growth.tokens[:, : growth.size], growth.ancestors[:, new, : growth.size]
-        child_log_probs, child_order = inputs.log_probs(logits, tokens, ancestors, level)
+        visible = slots.ancestors[:, new, : growth.size + 1]
+        depths = arange(levels + 1, device)[level : level + 1].expand(count)
+        logits = inputs.draft.forward_rows(slots.tokens[:, new], depths, root_position, visible)
+        forwards, fed_tokens = forwards + 1, fed_tokens + rows * count
+        if masked and inputs.plain:  # the level's log-probabilities are taken in its compiled region
+            frontier = logits
+        else:
+            tokens, ancestors = slots.tokens[:, : growth.size], slots.ancestors[:, new, : growth.size]
+            frontier = inputs.log_probs(logits, tokens, ancestors, level)
         cached_depth = level
-    return _own_trees(growth, rules.top_k, root_log_probs, cached_depth, forwards, fed_tokens)
-
-
-@dataclass
-class _Growth:
-    """Every row's padded levels as they grow, in slots 0..C-1: tokens, path log-probabilities, candidate indices
-    (frontier slot times `top_k` plus rank) and which slots are dropped (B, C), and ancestor rows (B, C, C). Between
-    levels it carries what the next one reads: the slots written (`size`), the last level's (`frontier`), where each
-    level ends (`level_ends`), how many levels each row may grow (`reach`, (B,)), the fewest any row may, as known on
-    the host (`shallowest`), and sage-gt's values of the frontier's nodes (B, F)."""
-
-    tokens: torch.Tensor
-    log_probs: torch.Tensor
-    candidates: torch.Tensor
-    dropped: torch.Tensor
-    ancestors: torch.Tensor
-    reach: torch.Tensor
-    shallowest: int
-    size: int
-    frontier: slice
-    level_ends: list[int]
-    parent_values: torch.Tensor | None = None  # the first level's parent is the root, worth 1
-
-    @staticmethod
-    def start(root: torch.Tensor, capacity: int, reach: torch.Tensor, shallowest: int) -> _Growth:
-        """Every row's `capacity` slots holding its root (B,) alone: kept, its own ancestor, of path log-probability
-        0 (the other slots written as the levels grow)."""
-        rows, device = root.shape[0], root.device
-        tokens = torch.empty(rows, capacity, dtype=torch.long, device=device)
-        log_probs = torch.empty(rows, capacity, device=device)
-        candidates = torch.zeros(rows, capacity, dtype=torch.long, device=device)
-        dropped = torch.empty(rows, capacity, dtype=torch.bool, device=device)
-        ancestors = torch.zeros(rows, capacity, capacity, dtype=torch.bool, device=device)
-        ancestors[:, 0, 0] = True
-        dropped[:, 0] = False
-        tokens[:, 0] = root
-        log_probs[:, 0] = 0.0
-        return _Growth(tokens, log_probs, candidates, dropped, ancestors, reach, shallowest, 1, slice(0, 1), [1])
+    return _own_trees(inputs, growth, rules.top_k, root_log_probs, cached_depth, forwards, fed_tokens)
 
 
 @dataclass
@@ -252,154 +199,100 @@ class _Selection:
 
 
 @dataclass
-class _Choice:
-    """A level's selection among its frontier's top-k candidates (B, F, top_k): their tokens and the rules' choice
-    (path log-probabilities, scores, values, which each row drops), `flat_drop` (B, F * top_k) the drops flat; the
-    slots the level holds (`count`) and whether the growth goes on below it (`grows`)."""
+class _Growth:
+    """Every row's padded levels as they grow (`slots`, on the device) and what the host knows of them: the fewest
+    levels any row may grow (`shallowest`), the slots written (`size`), the last level's (`frontier`), where each
+    level ends (`level_ends`), and the rows' plans (`selection`)."""
 
-    tokens: torch.Tensor
-    level: LevelChoice
-    flat_drop: torch.Tensor
-    count: int
-    grows: bool
+    slots: Slots
+    shallowest: int
+    selection: _Selection
+    size: int = 1
+    frontier: slice = field(default_factory=lambda: slice(0, 1))
+    level_ends: list[int] = field(default_factory=lambda: [1])
 
+    def place(self, level: int, count: int) -> Place:
+        """Where `level`'s `count` slots (at most) go."""
+        capped = self.size - 1 + count > min(self.selection.caps)
+        return Place(level, (self.frontier.start, self.frontier.stop), self.size, capped, level > self.shallowest)
 
-def _select_children(
-    selection: _Selection, growth: _Growth, level: int, child_log_probs: torch.Tensor, child_order: torch.Tensor
-) -> _Choice:
-    """`level`'s selection of children: each row keeps the candidates among its frontier's top-k (by the ranking key
-    `child_order`, of log-probabilities `child_log_probs` (B, F, V)) that its rule, its reach and its node cap allow;
-    the level holds a fixed number of slots (masked), or the most children a row keeps (`_kept_count`)."""
-    plans, caps, rules = selection.plans, selection.caps, selection.rules
-    top = child_order.topk(rules.top_k, dim=-1)
-    top_log_probs = top.values if child_order is child_log_probs else child_log_probs.gather(-1, top.indices)
-    bound = (growth.frontier.stop - growth.frontier.start) * max(plan.max_children(level) for plan in plans)
-    count = min(bound, max(caps))
-    left = None
-    if growth.size - 1 + (count if selection.masked else bound) > min(caps):
-        # A node cap may bind: each row keeps its best children within what it has left.
-        left = growth.dropped[:, 1 : growth.size].sum(1) + (rules.caps - (growth.size - 1))
-    parent_log_probs = growth.log_probs[:, growth.frontier]
-    chosen = rules.select(level, parent_log_probs, growth.parent_values, top_log_probs, left)
-    if level > growth.shallowest:  # some row's budget (or value) ends above this level
-        chosen.drop |= (growth.reach < level)[:, None, None]
-    flat_drop = chosen.drop.flatten(1)
-    grows = True
-    if not selection.masked:
-        count, grows = _kept_count(rules, growth, level, chosen, flat_drop)
-    return _Choice(top.indices, chosen, flat_drop, count, grows)
+    def advance(self, count: int) -> slice:
+        """Take the `count` slots a level wrote as the frontier; returns them."""
+        new = slice(self.size, self.size + count)
+        self.size, self.frontier = new.stop, new
+        self.level_ends.append(self.size)
+        return new
 
 
-def _kept_count(
-    rules: LevelRules, growth: _Growth, level: int, chosen: LevelChoice, flat_drop: torch.Tensor
+def _grow_level(
+    inputs: GrowthInputs, growth: _Growth, level: int, frontier: torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 ) -> tuple[int, bool]:
+    """Choose and write `level`'s children (`level_step`) from the frontier's draft logits (B, F, V), or their
+    log-probabilities and ranking key (B, F, V each) where some row processes them: each row keeps the candidates
+    among its frontier's top-k that its rule, its reach and its node cap allow. A masked level holds as many slots
+    as the widest row may keep, as one compiled region; an unmasked one the most children a row keeps
+    (`_kept_count`). Returns the level's slots and whether the growth goes on below it."""
+    selection, slots = growth.selection, growth.slots
+    plans, rules = selection.plans, selection.rules
+    frontier_size = growth.frontier.stop - growth.frontier.start
+    bound = frontier_size * max(plan.max_children(level) for plan in plans)
+    count = min(bound, max(selection.caps))
+    if selection.masked:
+        if count == 0:
+            return 0, False
+        place = growth.place(level, count)
+        kept = None if rules.free is None else rules.kept(level, frontier_size, slots.tokens.device)
+        if isinstance(frontier, torch.Tensor):
+            mark_rows(slots, rules, frontier)
+            made = (frontier, inputs.vocab_limit, kept)
+            slots.parent_values = PLAIN_MASKED_LEVEL(inputs.draft, slots, rules, place, count, *made)
+        else:
+            mark_rows(slots, rules, *frontier)
+            slots.parent_values = MASKED_LEVEL(inputs.draft, slots, rules, place, count, *frontier, kept)
+        return count, True
+    place = growth.place(level, bound)
+    choice = choose(slots, rules, place, *frontier)
+    count, grows = _kept_count(rules, growth, level, choice)
+    if count > 0:
+        slots.parent_values = write(slots, rules, place, choice, count)
+    return count, grows
+
+
+def _kept_count(rules: LevelRules, growth: _Growth, level: int, choice: Choice) -> tuple[int, bool]:
     """How many slots an unmasked level holds, and whether the growth goes on below it, from which candidates each
-    row drops (`flat_drop`, (B, F * top_k)) and the rules' choice."""
+    row drops and the rules' choice."""
     # The level holds the most children a row keeps, and the growth stops at the first level no row adds to; a row
     # with a forward price grows below this level while the level's value pays for a draft forward over it
     # (`LevelRules.pays`). One read a level.
+    flat_drop = choice.flat_drop
     per_row = flat_drop.shape[1] - flat_drop.sum(1)
     if rules.valued:
-        paying = rules.pays(chosen, per_row)
-        growth.reach, growth.shallowest = torch.where(paying, growth.reach, level), level
+        paying = rules.pays(choice.level, per_row)
+        growth.slots.reach, growth.shallowest = torch.where(paying, growth.slots.reach, level), level
         count, grows = torch.stack([per_row.max(), paying.any()]).tolist()
         return count, bool(grows)
     return int(per_row.max()), True
 
 
-def _write_level(growth: _Growth, choice: _Choice, rules: LevelRules) -> slice:
-    """The level's gathers: every row's `choice.count` first candidates, its kept ones first (the rest dropped
-    slots), written as the growth's next level (tokens, path log-probabilities, dropped flags, candidate indices,
-    ancestor rows and sage-gt's values), which becomes the frontier. Returns the level's slots."""
-    flat_drop, top_k, capacity, chosen = choice.flat_drop, rules.top_k, growth.ancestors.shape[2], choice.level
-    # Each row's kept candidates first, by frontier slot then rank.
-    order = torch.argsort(flat_drop.to(torch.uint8), dim=1, stable=True)[:, : choice.count]
-    new = slice(growth.size, growth.size + choice.count)
-    torch.gather(choice.tokens.flatten(1), 1, order, out=growth.tokens[:, new])
-    kept_log_probs = chosen.cumulative.masked_fill(chosen.drop, -torch.inf).flatten(1)
-    torch.gather(kept_log_probs, 1, order, out=growth.log_probs[:, new])
-    torch.gather(flat_drop, 1, order, out=growth.dropped[:, new])
-    growth.candidates[:, new] = order
-    parent = (order // top_k)[:, :, None].expand(-1, -1, capacity)
-    torch.gather(growth.ancestors[:, growth.frontier], 1, parent, out=growth.ancestors[:, new])
-    growth.ancestors[:, new, new].diagonal(dim1=1, dim2=2).fill_(True)
-    if chosen.values is not None:
-        growth.parent_values = chosen.values.flatten(1).masked_fill(flat_drop, 0.0).gather(1, order)
-    growth.size, growth.frontier = new.stop, new
-    growth.level_ends.append(growth.size)
-    return new
-
-
 def _own_trees(
-    growth: _Growth, top_k: int, root_log_probs: torch.Tensor, cached_depth: int, forwards: int, fed_tokens: int
+    inputs: GrowthInputs,
+    growth: _Growth,
+    top_k: int,
+    root_log_probs: torch.Tensor,
+    cached_depth: int,
+    forwards: int,
+    fed_tokens: int,
 ) -> GrownTrees:
     """The final gather of the trees: every row's real slots of the grown levels, read once, as its own tree
-    (`_gathered`); `root_log_probs` (B, 1, V), the levels the draft cache holds, the draft forwards and tokens fed."""
+    (`slot_trees`); `root_log_probs` (B, 1, V), the levels the draft cache holds, the draft forwards and tokens fed."""
+    slots = growth.slots
     # The step's one read for the trees: every row's real slots.
-    flags = growth.dropped[:, : growth.size].tolist()
+    flags = slots.dropped[:, : growth.size].tolist()
     real = [[slot for slot, drop in enumerate(row) if not drop] for row in flags]
-    trees, greedy_depth, tree_depths = _gathered(
-        growth.tokens, growth.log_probs, growth.candidates, growth.ancestors, top_k, real, growth.level_ends
-    )
+    trees, greedy_depth, tree_depths = slot_trees(inputs.draft, slots, top_k, real, growth.level_ends)
     sizes = [len(slots) for slots in real]
     cached = [cached_depth] * len(real)
     return GrownTrees(trees, root_log_probs[:, 0], cached, greedy_depth, sizes, tree_depths, forwards, fed_tokens, real)
-
-
-def _gathered(
-    tokens: torch.Tensor,
-    log_probs: torch.Tensor,
-    candidates: torch.Tensor,
-    ancestors: torch.Tensor,
-    top_k: int,
-    real: list[list[int]],
-    level_ends: list[int],
-) -> tuple[Trees, torch.Tensor, list[int]]:
-    """Each row's `real` slots of its padded levels gathered into a tree of its own nodes (per-row structure, padded
-    to the largest, the padding invalid), how deep each row's draft top-1 path reaches in it (B,), and each row's
-    tree depth (host). A slot's parent is the frontier slot its candidate index (`candidates`: frontier slot times
-    `top_k` plus rank) names, in the level before its own (`level_ends`: where each level ends)."""
-    device = tokens.device
-    rows, n, width = len(real), max(len(slots) for slots in real), tokens.shape[1]
-    remap = [[0] * width for _ in real]
-    depths, starts, fixed, tree_depths = [], [], [], []
-    for b, slots in enumerate(real):
-        for node, slot in enumerate(slots):
-            remap[b][slot] = node
-            depth = bisect.bisect_right(level_ends, slot)
-            depths.append(depth)
-            starts.append(level_ends[depth - 2] if depth > 1 else 0)
-            fixed.append(-1 if node == 0 else -2)  # the root has no parent; real nodes take theirs
-        tree_depths.append(depth)  # slots ascend, so the last is the deepest
-        pad = range(len(slots), n)
-        depths.extend(0 for _ in pad)
-        starts.extend(0 for _ in pad)
-        fixed.extend(pad)  # padding is its own parent
-    padded = [v for slots in real for v in slots + [0] * (n - len(slots))]
-    flat = padded + [v for row in remap for v in row] + depths + starts + fixed + [len(slots) for slots in real]
-    written = host_values(flat, device)
-    index, new_index = written[: rows * n].view(rows, n), written[rows * n : rows * (n + width)].view(rows, width)
-    node_depths, node_starts, node_fixed = written[rows * (n + width) : rows * (4 * n + width)].view(3, rows, n)
-    own = arange(n, device)
-    is_real = own[None] < written[rows * (4 * n + width) :, None]
-    node_candidates = candidates.gather(1, index)
-    parents = new_index.gather(1, node_candidates // top_k + node_starts)
-    node_parents = torch.where(node_fixed >= -1, node_fixed, parents)
-    by_row = ancestors.gather(1, index[:, :, None].expand(-1, -1, ancestors.shape[2]))
-    node_ancestors = by_row.gather(2, index[:, None, :].expand(-1, n, -1))
-    node_ancestors &= is_real[:, :, None] & is_real[:, None, :]
-    off_path = node_ancestors & (node_candidates % top_k != 0)[:, None, :]
-    trees = Trees(
-        tokens.gather(1, index),
-        log_probs.gather(1, index).masked_fill(~is_real, -torch.inf),
-        node_parents,
-        node_depths,
-        node_ancestors,
-        0,
-        is_real,
-    )
-    trees.depth = max(tree_depths)
-    return trees, (node_depths * ~off_path.any(dim=2) * is_real).amax(dim=1), tree_depths
 
 
 def _log_probs(

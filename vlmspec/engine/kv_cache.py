@@ -70,7 +70,8 @@ class _SlabLayer(CacheLayerMixin):
 
 class _RowLayer(_SlabLayer):
     """One layer of a `RowCache`: writes each row's new keys at that row's write positions (`write`, set by
-    `RowCache.prepare`), returns the keys up to the forward's span (the longest row's end), or a fixed cache's
+    `RowCache.prepare`; a fixed cache's from its rows' `starts` on, made inside the forward, so that a compiled one
+    makes them in its graph), returns the keys up to the forward's span (the longest row's end), or a fixed cache's
     whole bucket of slots (`bound`)."""
 
     def __init__(self, cache: RowCache, index: int):
@@ -82,8 +83,14 @@ class _RowLayer(_SlabLayer):
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        keys, values = self.bound if self.cache.fixed else self.cache.layer_slab(self.index)
-        index = self.write[:, None, :, None].expand_as(key_states)
+        fixed = self.cache.fixed
+        keys, values = self.bound if fixed else self.cache.layer_slab(self.index)
+        if fixed:
+            q, device = key_states.shape[2], key_states.device
+            write = self.cache.starts.to(device)[:, None] + torch.arange(q, device=device)
+        else:
+            write = self.write
+        index = write[:, None, :, None].expand_as(key_states)
         keys.scatter_(2, index, key_states)
         values.scatter_(2, index, value_states)
         if self.cache.fixed:
@@ -222,13 +229,14 @@ class RowCache(Cache):
             lengths = lengths + [0] * (self.bucket - self.rows)
             self._forget(range(self.rows, self.bucket))
         self.starts = host_values(lengths, device)
-        write = self.starts[:, None] + arange(q, device)
-        writes = {d: write.to(d) for d in self._slabs}
-        views = self._bound_views() if self.fixed else None
-        for index, layer in enumerate(self.layers):
-            layer.write = writes[self.layer_devices[index]]
-            if views is not None:
-                layer.bound = views[index]
+        if self.fixed:
+            for layer, view in zip(self.layers, self._bound_views(), strict=True):
+                layer.bound = view
+        else:
+            write = self.starts[:, None] + arange(q, device)
+            writes = {d: write.to(d) for d in self._slabs}
+            for index, layer in enumerate(self.layers):
+                layer.write = writes[self.layer_devices[index]]
         self.span = self.capacity if self.fixed else end
 
     def _bound_views(self) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -128,9 +128,7 @@ class ModelRunner(GuardedRunner):
         cache.prepare(self._fed(q))
         counts = [q] * rows if counts is None else counts
         if cache.fixed:
-            return self._run_fixed(
-                tokens, start[:, None] + depths, _row_visible(visible, rows, q, device), counts, eager
-            )
+            return self._run_fixed(tokens, start, depths, _row_visible(visible, rows, q, device), counts, eager)
         if rows == 1 and q == 1 and visible is None:
             # One token sees every key: unmasked, as `generate`'s step attends (a plain step).
             return self._run(tokens, start[:, None] + depths, None, counts)
@@ -220,20 +218,26 @@ class ModelRunner(GuardedRunner):
         return logits.to(self.device)
 
     def _run_fixed(
-        self, tokens: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, counts: list[int], eager: bool
+        self,
+        tokens: torch.Tensor,
+        start: torch.Tensor,
+        depths: torch.Tensor,
+        visible: torch.Tensor,
+        counts: list[int],
+        eager: bool,
     ) -> torch.Tensor:
-        """The fixed-shape forward (`fixed_forward`) over `tokens` (B, q) at `positions` (B, q) under the tree block
+        """The fixed-shape forward (`fixed_forward`) over `tokens` (B, q) at `start[b] + depths` under the tree block
         `visible` (B, q, w + 2), through the compiled form (one region) unless `eager` or none is held; the first
         `counts[b]` tokens of row b enter its cache. Returns the logits (B, q, V)."""
         rows, q = tokens.shape
         cache = self.cache
         shape = (cache.bucket, padded_size(q), cache.capacity)
-        arguments = (self.adapter.position_ids, cache, tokens, positions, visible, cache.starts, shape)
+        arguments = (self.adapter.position_ids, cache, tokens, start, depths, visible, cache.starts, shape)
         with tree_attention(self.adapter.language_model.config):
             if self.compiled is None or eager:
                 logits = fixed_forward(self.adapter.model, *arguments)
             else:
-                mark_varying(tokens, positions, visible)
+                mark_varying(tokens, start, depths, visible)
                 try:
                     logits = self.compiled(*arguments)
                 except Exception as error:

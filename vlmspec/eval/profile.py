@@ -251,7 +251,7 @@ def profile_policy(
     run = _policy_run(runner, inputs, settings, batch_size)
     name = _named(policy, batch_size)
     if spec.compiled:
-        spec.warm_up(new_tokens, **inputs)
+        spec.warm_up(new_tokens, batch_size, **inputs)
         traced, (steps, tokens) = _traced_difference(run, new_tokens)
         empty = _full(Counter())
         return Profile(name, config, steps, tokens, empty, empty, traced)
@@ -310,7 +310,7 @@ def recompiles_over_prompts(
     runner = spec.with_options(_ON_ACCELERATORS[policy]() if policy in _ON_ACCELERATORS else policy, pruning=None)
     settings = config_settings(config, None if spec.processor is None else spec.processor.tokenizer)
     longest = max(prompts, key=lambda p: p["input_ids"].shape[1])
-    spec.warm_up(new_tokens, **longest)
+    spec.warm_up(new_tokens, batch_size, **longest)
     runner.generate(**prompts[0], max_new_tokens=new_tokens, **settings)
     before = counters["stats"]["unique_graphs"]
     if batch_size == 1:

@@ -213,7 +213,8 @@ class TreePolicy(ABC):
     def statistics(self, root_log_probs: torch.Tensor) -> torch.Tensor | None:
         """Values (a 1-D float tensor, on the device) the policy needs from a step's root distribution, read with
         the step's results and handed back as `StepOutcome.statistics`; None for none. A function of the distribution
-        alone, over any leading dimensions: `root_log_probs` (B, V) of a batch's rows gives (B, values)."""
+        alone, over any leading dimensions: `root_log_probs` (B, V) of a batch's rows gives (B, values). Where the
+        pair runs compiled it is compiled with the step (`fullgraph=True`), so it reads nothing to the host."""
         return None
 
     def observe(self, step: StepOutcome) -> StepLesson:

@@ -112,6 +112,12 @@ class LevelRules:
             made.free = tail[-1] > 0
         return made
 
+    def row_dims(self) -> list[tuple[torch.Tensor, int]]:
+        """Every tensor of the rules with a dimension over the rows, and that dimension."""
+        held = [(self.widths, 1), (self.floors, 1), (self.caps, 0), (self.reach, 0), (self.price, 1)]
+        held += [(tensor, 0) for tensor in (self.continuation, self.judged, self.calibrations, self.free)]
+        return [(tensor, dim) for tensor, dim in held if tensor is not None]
+
     @property
     def valued(self) -> bool:
         """Whether some row scores its children by calibrated value (then its frontier's values are carried)."""
@@ -124,11 +130,13 @@ class LevelRules:
         parent_values: torch.Tensor | None,
         top_log_probs: torch.Tensor,
         left: torch.Tensor | None = None,
+        kept: torch.Tensor | None = None,
     ) -> LevelChoice:
         """Which of the frontier's top-k candidates each row drops at `level` (1-based), from the frontier's path
         log-probabilities and values (B, F; values None at the first level, whose parent is the root, worth 1) and
         the candidates' own log-probabilities `top_log_probs` (B, F, k), sorted. `left` (B,) is how many nodes each
-        row may still add (None: its cap cannot bind); a row keeps its best-scoring candidates within it."""
+        row may still add (None: its cap cannot bind); a row keeps its best-scoring candidates within it. `kept` is
+        `kept(level, F)` where some row is fixed (made here when not given)."""
         scale, floor = self.widths[level - 1, :, None], self.floors[level - 1, :, None, None]
         width = scale if level == 1 else (parent_log_probs.exp() + 0.5) * scale
         # The root's path log-probability is 0.
@@ -139,7 +147,8 @@ class LevelRules:
         if values is not None and level == 1:
             drop[:, 0, 0] &= self.judged
         if self.free is not None:
-            drop = (drop & self.free[:, None, None]) | ~self._kept(level, drop.shape[1], drop.device)
+            kept = self.kept(level, drop.shape[1], drop.device) if kept is None else kept
+            drop = (drop & self.free[:, None, None]) | ~kept
         if left is not None:
             drop |= _past_cap(scores, drop, left)
         return LevelChoice(cumulative, scores, values, drop)
@@ -166,7 +175,7 @@ class LevelRules:
             return values
         return torch.where((self.calibrations >= 0)[:, None, None], values, cumulative)
 
-    def _kept(self, level: int, frontier: int, device: torch.device) -> torch.Tensor:
+    def kept(self, level: int, frontier: int, device: torch.device) -> torch.Tensor:
         """(B, F, k) bool: each fixed row's mask of `level` over its first frontier slots (none past them), every
         other row's ranks below its own top-k; made on the host, copied without a wait."""
         kept = torch.zeros(len(self.rules), frontier, self.top_k, dtype=torch.bool)

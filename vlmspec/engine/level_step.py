@@ -1,0 +1,196 @@
+"""One level of every row's own draft tree (`grow.draft_own_trees`), on tensors only: which of its frontier's top-k
+candidates each row keeps (`choose`) and their writing into the padded levels (`write`).
+
+A masked level holds a number of slots known on the host, so the draft's log-probabilities, the choice and the
+writing run as one function of the level's inputs (`masked_level`, or `plain_masked_level` from the draft's logits
+where no row processes them), one compiled region where the pair runs compiled (`MASKED_LEVEL`,
+`PLAIN_MASKED_LEVEL`): the first level's graph and then one whose host numbers (`Place`) and rows vary (the rows
+marked from the start, `mark_rows`), so SAGE's trees of every depth and width share it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..policies import LevelChoice, LevelRules
+from .compiled import Captured
+
+
+@dataclass
+class Slots:
+    """Every row's padded levels as they grow, in slots 0..C-1: tokens, path log-probabilities, candidate indices
+    (frontier slot times `top_k` plus rank) and which slots are dropped (B, C); ancestor rows (B, C, C); how many
+    levels each row may grow (`reach`, (B,)); sage-gt's values of the frontier's nodes (B, F; None at the first
+    level, whose parent is the root, worth 1)."""
+
+    tokens: torch.Tensor
+    log_probs: torch.Tensor
+    candidates: torch.Tensor
+    dropped: torch.Tensor
+    ancestors: torch.Tensor
+    reach: torch.Tensor
+    parent_values: torch.Tensor | None = None
+
+    @staticmethod
+    def start(root: torch.Tensor, capacity: int, reach: torch.Tensor) -> Slots:
+        """Every row's `capacity` slots holding its root (B,) alone: kept, its own ancestor, of path log-probability
+        0 (the other slots written as the levels grow)."""
+        rows, device = root.shape[0], root.device
+        tokens = torch.empty(rows, capacity, dtype=torch.long, device=device)
+        log_probs = torch.empty(rows, capacity, device=device)
+        candidates = torch.zeros(rows, capacity, dtype=torch.long, device=device)
+        dropped = torch.empty(rows, capacity, dtype=torch.bool, device=device)
+        ancestors = torch.zeros(rows, capacity, capacity, dtype=torch.bool, device=device)
+        ancestors[:, 0, 0] = True
+        dropped[:, 0] = False
+        tokens[:, 0] = root
+        log_probs[:, 0] = 0.0
+        return Slots(tokens, log_probs, candidates, dropped, ancestors, reach)
+
+
+def root_slots(
+    logits: torch.Tensor,
+    pending: torch.Tensor,
+    last: torch.Tensor,
+    start: torch.Tensor,
+    reach: torch.Tensor,
+    capacity: int,
+    vocab_limit: int | None,
+) -> tuple[torch.Tensor, torch.Tensor, Slots]:
+    """From the draft's `logits` (B, P, V) over each row's `pending` tokens (B, P), the last real one (`last`, (B,))
+    its root: the root's logits (B, 1, V), or with `vocab_limit` (where no row processes them) its log-probabilities
+    over the real tokens; the roots' positions (`start` (B,) plus `last`); and the `capacity` slots holding the roots
+    (`Slots.start`)."""
+    rows = logits.shape[0]
+    root_logits = logits.gather(1, last[:, None, None].expand(rows, 1, logits.shape[2]))
+    if vocab_limit is not None:
+        root_logits = torch.log_softmax(root_logits[..., :vocab_limit].float(), dim=-1)
+    root = pending.gather(1, last[:, None])[:, 0]
+    return root_logits, start + last, Slots.start(root, capacity, reach)
+
+
+ROOT_SLOTS = Captured(root_slots, "draft root")
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a level goes, as host numbers: the level (1-based), its frontier's slots (`frontier`, start and stop),
+    the slots written before it (`size`), whether a row's node cap may bind (`capped`) and whether some row's reach
+    ends above it (`cut`)."""
+
+    level: int
+    frontier: tuple[int, int]
+    size: int
+    capped: bool
+    cut: bool
+
+
+@dataclass
+class Choice:
+    """A level's selection among its frontier's top-k candidates (B, F, top_k): their tokens and the rules' choice
+    (path log-probabilities, scores, values, which each row drops), `flat_drop` (B, F * top_k) the drops flat."""
+
+    tokens: torch.Tensor
+    level: LevelChoice
+    flat_drop: torch.Tensor
+
+
+def choose(
+    slots: Slots,
+    rules: LevelRules,
+    place: Place,
+    child_log_probs: torch.Tensor,
+    child_order: torch.Tensor,
+    kept: torch.Tensor | None = None,
+) -> Choice:
+    """Which candidates among its frontier's top-k (by the ranking key `child_order`, of log-probabilities
+    `child_log_probs` (B, F, V)) each row drops at `place`: those its rule (`kept`: the fixed rows' masks, see
+    `LevelRules.kept`), its reach and its node cap reject."""
+    top = child_order.topk(rules.top_k, dim=-1)
+    # Ranked by the log-probabilities themselves (no warpers), the top values are theirs.
+    top_log_probs = top.values if child_order is child_log_probs else child_log_probs.gather(-1, top.indices)
+    left = None
+    if place.capped:
+        # Each row keeps its best children within what it has left.
+        left = slots.dropped[:, 1 : place.size].sum(1) + (rules.caps - (place.size - 1))
+    parent_log_probs = slots.log_probs[:, place.frontier[0] : place.frontier[1]]
+    chosen = rules.select(place.level, parent_log_probs, slots.parent_values, top_log_probs, left, kept)
+    if place.cut:
+        chosen.drop |= (slots.reach < place.level)[:, None, None]
+    return Choice(top.indices, chosen, chosen.drop.flatten(1))
+
+
+def write(slots: Slots, rules: LevelRules, place: Place, choice: Choice, count: int) -> torch.Tensor | None:
+    """The level's gathers: every row's `count` first candidates, its kept ones first (the rest dropped slots),
+    written in place as the slots after `place.size` (tokens, path log-probabilities, dropped flags, candidate
+    indices, ancestor rows). Returns the new slots' sage-gt values (B, count; None where no row is valued)."""
+    flat_drop, chosen, capacity = choice.flat_drop, choice.level, slots.ancestors.shape[2]
+    new = slice(place.size, place.size + count)
+    # Each row's kept candidates first, by frontier slot then rank (int32: see `tree.deepest_rows`).
+    order = torch.argsort(flat_drop.to(torch.int32), dim=1, stable=True)[:, :count]
+    _gather_into(slots.tokens[:, new], choice.tokens.flatten(1), order)
+    _gather_into(slots.log_probs[:, new], chosen.cumulative.masked_fill(chosen.drop, -torch.inf).flatten(1), order)
+    _gather_into(slots.dropped[:, new], flat_drop, order)
+    slots.candidates[:, new] = order
+    parent = (order // rules.top_k)[:, :, None].expand(-1, -1, capacity)
+    _gather_into(slots.ancestors[:, new], slots.ancestors[:, place.frontier[0] : place.frontier[1]], parent)
+    slots.ancestors[:, new, new].diagonal(dim1=1, dim2=2).fill_(True)
+    if chosen.values is None:
+        return None
+    return chosen.values.flatten(1).masked_fill(flat_drop, 0.0).gather(1, order)
+
+
+def masked_level(
+    slots: Slots,
+    rules: LevelRules,
+    place: Place,
+    count: int,
+    child_log_probs: torch.Tensor,
+    child_order: torch.Tensor,
+    kept: torch.Tensor | None,
+) -> torch.Tensor | None:
+    """A masked level of `count` slots at `place`: `choose` then `write`. Returns the new slots' values."""
+    choice = choose(slots, rules, place, child_log_probs, child_order, kept)
+    return write(slots, rules, place, choice, count)
+
+
+def plain_masked_level(
+    slots: Slots,
+    rules: LevelRules,
+    place: Place,
+    count: int,
+    logits: torch.Tensor,
+    vocab_limit: int,
+    kept: torch.Tensor | None,
+) -> torch.Tensor | None:
+    """`masked_level` from the draft's `logits` (B, F, V) of the frontier, where no row processes them: its
+    log-probabilities over the real tokens (below `vocab_limit`) are its ranking key."""
+    log_probs = torch.log_softmax(logits[..., :vocab_limit].float(), dim=-1)
+    return masked_level(slots, rules, place, count, log_probs, log_probs, kept)
+
+
+MASKED_LEVEL = Captured(masked_level, "draft level")
+PLAIN_MASKED_LEVEL = Captured(plain_masked_level, "plain draft level")
+
+
+def mark_rows(slots: Slots, rules: LevelRules, *frontier: torch.Tensor) -> None:
+    """Mark the rows' dimension of a masked level's inputs (the slots, the rules and the `frontier`'s tensors, rows
+    first) dynamic for the compiler, so that one graph serves a batch as its rows finish (one row is compiled
+    apart)."""
+    if slots.tokens.shape[0] < 2:
+        return
+    fields = (slots.tokens, slots.log_probs, slots.candidates, slots.dropped, slots.ancestors, slots.reach)
+    held = [(tensor, 0) for tensor in (*fields, slots.parent_values, *frontier) if tensor is not None]
+    for tensor, dim in held + rules.row_dims():
+        torch._dynamo.maybe_mark_dynamic(tensor, dim)
+
+
+def _gather_into(target: torch.Tensor, source: torch.Tensor, index: torch.Tensor) -> None:
+    """`target` (a view of the slots) = `source` gathered along dim 1 at `index`: written by the gather itself when
+    eager, copied when compiling (the compiler takes no `out=` view)."""
+    if torch.compiler.is_compiling():
+        target.copy_(source.gather(1, index))
+    else:
+        torch.gather(source, 1, index, out=target)

@@ -1,0 +1,94 @@
+"""One level of a tree whose shape every row shares (`grow.draft_rows`: a chain, a static tree), on tensors only: each
+frontier node's children are the ranks of its draft top-k the shape names, written as views where the shape keeps
+every frontier node's first ranks. A level is one function of its inputs (`shape_level`, or `plain_shape_level`
+from the draft's logits where no row processes them), and so is the root (`shape_root`): each one compiled region
+where the pair runs compiled (`SHAPE_LEVEL`, `PLAIN_SHAPE_LEVEL`, `SHAPE_ROOT`), with the rows marked dynamic
+(`mark_rows`)."""
+
+from __future__ import annotations
+
+import torch
+
+from .compiled import Captured
+from .tree import TreeShape
+
+
+def shape_root(
+    logits: torch.Tensor,
+    pending: torch.Tensor,
+    last: torch.Tensor,
+    start: torch.Tensor,
+    n: int,
+    vocab_limit: int | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """From the draft's `logits` (B, P, V) over each row's `pending` tokens (B, P), the last real one (`last`, (B,))
+    its root: the root's logits (B, 1, V), or with `vocab_limit` (where no row processes them) its log-probabilities
+    over the real tokens; the roots' positions (`start` (B,) plus `last`); and the `n` nodes' tokens and path
+    log-probabilities (B, n), the root's written (its path log-probability 0)."""
+    rows = logits.shape[0]
+    root_logits = logits.gather(1, last[:, None, None].expand(rows, 1, logits.shape[2]))
+    if vocab_limit is not None:
+        root_logits = torch.log_softmax(root_logits[..., :vocab_limit].float(), dim=-1)
+    tokens = torch.empty(rows, n, dtype=torch.long, device=logits.device)
+    tokens[:, 0] = pending.gather(1, last[:, None])[:, 0]
+    return root_logits, start + last, tokens, torch.zeros(rows, n, device=logits.device)
+
+
+def shape_level(
+    shape: TreeShape,
+    level: int,
+    top_k: int,
+    child_log_probs: torch.Tensor,
+    child_order: torch.Tensor,
+    tokens: torch.Tensor,
+    log_probs: torch.Tensor,
+) -> None:
+    """Write `level` of every row's tree of `shape` into its `tokens` and path `log_probs` (B, N): each frontier
+    node's children are the ranks of its draft top-k the shape names, from the frontier's log-probabilities and
+    ranking key `child_log_probs`, `child_order` (B, F, V)."""
+    rows = tokens.shape[0]
+    frontier, new = shape.level(level - 1), shape.level(level)
+    top = child_order.topk(top_k, dim=-1)
+    # Ranked by the log-probabilities themselves (no warpers), the top values are theirs.
+    top_log_probs = top.values if child_order is child_log_probs else child_log_probs.gather(-1, top.indices)
+    count = shape.full[level - 1]
+    if count is not None:  # every frontier node's first `count` ranks, in order: views, no gather
+        level_tokens = tokens[:, new].view(rows, -1, count)
+        level_tokens.copy_(top.indices[:, :, :count])
+        picked, level_log_probs = top_log_probs[:, :, :count], log_probs[:, new].view(rows, -1, count)
+        parents = log_probs[:, frontier, None]
+    else:
+        parent_rows, ranks = shape.children[level - 1]
+        tokens[:, new] = top.indices[:, parent_rows, ranks]
+        picked, level_log_probs = top_log_probs[:, parent_rows, ranks], log_probs[:, new]
+        parents = log_probs[:, frontier][:, parent_rows]
+    # The root's path log-probability is 0.
+    level_log_probs.copy_(picked if level == 1 else parents + picked)
+
+
+def plain_shape_level(
+    shape: TreeShape,
+    level: int,
+    top_k: int,
+    logits: torch.Tensor,
+    vocab_limit: int,
+    tokens: torch.Tensor,
+    log_probs: torch.Tensor,
+) -> None:
+    """`shape_level` from the draft's `logits` (B, F, V) of the frontier, where no row processes them: its
+    log-probabilities over the real tokens (below `vocab_limit`) are its ranking key."""
+    child_log_probs = torch.log_softmax(logits[..., :vocab_limit].float(), dim=-1)
+    shape_level(shape, level, top_k, child_log_probs, child_log_probs, tokens, log_probs)
+
+
+def mark_rows(*tensors: torch.Tensor) -> None:
+    """Mark the rows' dimension (the first) of a level's `tensors` dynamic for the compiler, so that one graph per
+    level serves a batch as its rows finish (one row is compiled apart)."""
+    if tensors[0].shape[0] > 1:
+        for tensor in tensors:
+            torch._dynamo.maybe_mark_dynamic(tensor, 0)
+
+
+SHAPE_ROOT = Captured(shape_root, "shared root")
+SHAPE_LEVEL = Captured(shape_level, "shared level")
+PLAIN_SHAPE_LEVEL = Captured(plain_shape_level, "plain shared level")
