@@ -137,7 +137,7 @@ def rewound_ms(runner: ModelRunner, forward: Callable[[torch.Tensor], object], r
     """Median ms of `forward(start)` over `runner`'s row, whose next token's position is `start` (1,) and whose cache
     is put back to what it held before after each run."""
     lengths = list(runner.lengths)
-    start = runner.positions(host_values(lengths, runner.device))
+    start = host_values(runner.positions(lengths), runner.device)
 
     def run() -> None:
         forward(start)

@@ -8,10 +8,11 @@ import torch
 from one_tree import accept_greedy, accept_sampled, emitted_tokens
 
 from vlmspec.engine.accept import Verdict, accept_greedy_rows, accept_sampled_rows
-from vlmspec.engine.acceptance import StepReport, emitted_rows, pack_rows
+from vlmspec.engine.acceptance import RootStatistics, StepReport, emitted_rows, greedy_step, pack_rows
 from vlmspec.engine.commit import plan_commit
 from vlmspec.engine.tree import Tree, Trees, rank_tree_shape
 from vlmspec.policies import RankTreePlan
+from vlmspec.policies.sage import SageConfig, SagePolicy
 from vlmspec.policies.static import SPECVLM_TREE
 
 CPU = torch.device("cpu")
@@ -125,6 +126,21 @@ def test_packed_rows_equal_each_rows_own_packing():
             with_tree=True,
         )
         assert together[b].tolist() == alone[0].tolist()
+
+
+def test_the_compiled_greedy_step_takes_the_policys_statistics_as_eager_packing_does():
+    trees = rows_of(TOKENS)
+    logits = torch.randn(3, trees.size, VOCAB, generator=torch.Generator().manual_seed(0))
+    root_log_probs = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(1)).log_softmax(-1)
+    policy = SagePolicy(SageConfig(top_k=4, width_max=4.0))
+    eos, rooms, greedy = torch.tensor([[3], [4], [9]]), torch.tensor([5, 1, 4]), torch.tensor([3, 2, 1])
+    step = torch.compile(greedy_step, fullgraph=True)
+    _, _, packed = step(trees, logits, eos, rooms, greedy, RootStatistics(policy, root_log_probs), True)
+    verdict = accept_greedy_rows(trees, logits.argmax(-1))
+    tokens = emitted_rows(trees, verdict)
+    statistics = policy.statistics(root_log_probs)
+    eager = pack_rows(trees, verdict, tokens, eos, rooms, greedy, statistics, with_tree=True)
+    torch.testing.assert_close(packed, eager)
 
 
 def test_the_commit_of_every_row_equals_each_rows_own():

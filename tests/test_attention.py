@@ -79,7 +79,7 @@ def test_a_tree_forward_equals_the_models_own_attention_with_a_full_width_mask(q
             _, prompt = runner.prefill(qwen.cases["image"], room=4)
             for _ in range(rows):
                 runner.take(prompt, room=4)
-            positions = runner.positions(torch.tensor(runner.lengths, device=device))
+            positions = torch.tensor(runner.positions(runner.lengths), device=device)
             trees.append(runner.forward_rows(tokens.expand(rows, -1), depths, positions, with_edges(visible))[0])
         full = additive_mask(visible, adapter.dtype, prefix_len=start)
         own = adapter.decode(tokens, depths + start + offset, full, cache)

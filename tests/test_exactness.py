@@ -80,7 +80,7 @@ def test_text_after_a_long_clip_goes_on_from_the_last_prompt_position(family):
         runner = ModelRunner(adapter)
         _, prompt = runner.prefill(inputs, room=1)
         runner.take(prompt, room=1)
-        start = runner.positions(torch.tensor(runner.lengths, device=DEVICE))
+        start = torch.tensor(runner.positions(runner.lengths), device=DEVICE)
         depth = torch.zeros(1, dtype=torch.long, device=DEVICE)
         decoded = runner.forward_rows(token[None], depth, start, None)[0, 0]
     torch.testing.assert_close(decoded, full, rtol=1e-4, atol=1e-4)

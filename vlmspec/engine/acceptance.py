@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -23,6 +24,9 @@ from .draft import GrownTrees
 from .processing import NodeProcessing, RowSequences, TargetSampler, same_processing, uniform_processing
 from .stopping import StringCheck
 from .tree import Tree, Trees
+
+if TYPE_CHECKING:
+    from ..policies import TreePolicy
 
 
 @dataclass
@@ -35,6 +39,19 @@ class Acceptance:
     reports: list[StepReport]
 
 
+@dataclass
+class RootStatistics:
+    """What a step's policy reads of the draft's root distribution (`TreePolicy.statistics` of `root_log_probs`
+    (B, V)), taken where the step's acceptance runs: inside its compiled region where it has one."""
+
+    policy: TreePolicy
+    root_log_probs: torch.Tensor
+
+    def values(self) -> torch.Tensor | None:
+        """The policy's values (B, s), or None."""
+        return self.policy.statistics(self.root_log_probs)
+
+
 def accept_trees(
     drafted: GrownTrees,
     trees: Trees,
@@ -43,7 +60,7 @@ def accept_trees(
     sequences: RowSequences,
     eos_token_ids: torch.Tensor,
     rooms: list[int],
-    statistics: torch.Tensor | None,
+    statistics: RootStatistics | torch.Tensor | None,
     with_tree: bool,
     strings: StringCheck | None = None,
     compact: bool = True,
@@ -55,25 +72,16 @@ def accept_trees(
     `compact`) is accepted again alone from its full rows (a second read, only then). `trees` are `drafted.trees`
     where the target's logits are; `strings` checks the rows' stop strings after each emitted token (None: no row has
     any). One sequence is a batch of one. With `capture` (the target's runner), greedy rows without processing or stop
-    strings are accepted in one compiled region where the pair runs compiled (`_accept_greedy_captured`)."""
-    rules = [s.do_sample for s in samplers]
-    processings = [s.processing for s in samplers]
-    plain = uniform_processing(processings)
+    strings are accepted in one compiled region where the pair runs compiled (`_accept_greedy_captured`), the
+    policy's `statistics` taken in it."""
+    plain = uniform_processing([s.processing for s in samplers])
     # A tree of its root alone (a plain step) warps its rows whole, as `generate` does: nothing to compact or doubt.
     compact = compact and trees.size > 1
-    if plain and not any(rules) and strings is None and capture is not None:
+    if plain and not any(s.do_sample for s in samplers) and strings is None and capture is not None:
         return _accept_greedy_captured(capture, drafted, trees, logits, eos_token_ids, rooms, statistics, with_tree)
-    scores = _target_scores(logits, trees, processings, plain, sequences)
-    greedy = None if all(rules) else accept_greedy_rows(trees, scores.argmax(-1))
-    verdict = greedy
-    if any(rules):
-        probs, doubt = _target_distribution(scores, processings, plain, sequences, compact)
-        generators = [s.generator for s in samplers]
-        own = None if all(g is None for g in generators) else generators
-        verdict = accept_sampled_rows(trees, probs, own, drafted.sizes)
-        verdict.doubt = doubt
-        if greedy is not None:
-            verdict = _by_rule(host_values(rules, trees.tokens.device).bool(), verdict, greedy)
+    if isinstance(statistics, RootStatistics):
+        statistics = statistics.values()
+    verdict = _verdict(trees, logits, samplers, sequences, drafted.sizes, compact)
     tokens = emitted_rows(trees, verdict)
     stops = None if strings is None else strings.hits(tokens)
     packed = pack_rows(trees, verdict, tokens, eos_token_ids, rooms, drafted.greedy_depth, statistics, with_tree, stops)
@@ -97,6 +105,33 @@ def accept_trees(
     return accepted
 
 
+def _verdict(
+    trees: Trees,
+    logits: torch.Tensor,
+    samplers: Sequence[TargetSampler],
+    sequences: RowSequences,
+    sizes: list[int],
+    compact: bool,
+) -> Verdict:
+    """Every row's verdict on its tree, eager: greedy rows take the target's choices under their processing, sampling
+    rows recursive rejection (a batch of both is accepted both ways, each row keeping its own)."""
+    rules = [s.do_sample for s in samplers]
+    processings = [s.processing for s in samplers]
+    plain = uniform_processing(processings)
+    scores = _target_scores(logits, trees, processings, plain, sequences)
+    greedy = None if all(rules) else accept_greedy_rows(trees, scores.argmax(-1))
+    if not any(rules):
+        return greedy
+    probs, doubt = _target_distribution(scores, processings, plain, sequences, compact)
+    generators = [s.generator for s in samplers]
+    own = None if all(g is None for g in generators) else generators
+    verdict = accept_sampled_rows(trees, probs, own, sizes)
+    verdict.doubt = doubt
+    if greedy is not None:
+        verdict = _by_rule(host_values(rules, trees.tokens.device).bool(), verdict, greedy)
+    return verdict
+
+
 def _accept_greedy_captured(
     capture: GuardedRunner,
     drafted: GrownTrees,
@@ -104,7 +139,7 @@ def _accept_greedy_captured(
     logits: torch.Tensor,
     eos_token_ids: torch.Tensor,
     rooms: list[int],
-    statistics: torch.Tensor | None,
+    statistics: RootStatistics | torch.Tensor | None,
     with_tree: bool,
 ) -> Acceptance:
     """`accept_trees` of rows that all accept greedily, without processing or stop strings: `greedy_step` as one
@@ -121,12 +156,14 @@ def greedy_step(
     eos_token_ids: torch.Tensor,
     rooms: torch.Tensor,
     greedy_depth: torch.Tensor,
-    statistics: torch.Tensor | None,
+    statistics: RootStatistics | torch.Tensor | None,
     with_tree: bool,
 ) -> tuple[Verdict, torch.Tensor, torch.Tensor]:
     """Greedy acceptance of every row's tree from the target's `logits` (B, N, V), without processing or stop
     strings: the verdict, the emitted tokens (B, depth + 1) and the packed rows (`pack_rows`; `rooms` (B,) each row's
-    tokens left)."""
+    tokens left; the policy's `statistics` taken here)."""
+    if isinstance(statistics, RootStatistics):
+        statistics = statistics.values()
     verdict = accept_greedy_rows(trees, logits.float().argmax(-1))
     tokens = emitted_rows(trees, verdict)
     return verdict, tokens, pack_rows(trees, verdict, tokens, eos_token_ids, rooms, greedy_depth, statistics, with_tree)

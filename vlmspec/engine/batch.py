@@ -22,9 +22,9 @@ import torch
 from ..device_tensors import host_values
 from ..errors import RequestCancelled
 from ..policies import BatchShape, StepOutcome, TreePlan, TreePolicy
-from .acceptance import Acceptance, StepReport, accept_trees
+from .acceptance import Acceptance, RootStatistics, StepReport, accept_trees
 from .commit import plan_commit
-from .compiled import Captured, row_bucket
+from .compiled import row_bucket
 from .draft import Drafted, GrownTrees, root_trees
 from .grow import GrowthInputs, draft_own_trees, draft_rows
 from .model_runner import ModelRunner
@@ -212,7 +212,7 @@ class BatchDecoder:
         with timer("verification"):
             start = proposal.start
             if start is None:
-                start = target.positions(host_values(proposal.target_starts, target.device))
+                start = host_values(target.positions(proposal.target_starts), target.device)
             trees = proposal.trees
             logits = target.forward_rows(trees.tokens, trees.depths, start, proposal.visible, proposal.sizes)
         with timer("acceptance"):
@@ -279,10 +279,10 @@ class BatchDecoder:
         sequences, _, kept = self._row_sequences(state, [None] * len(rows), samplers, target.device)
         target_starts = list(target.lengths)
         with timer("verification"):
-            held = host_values([row.sink.last_token for row in rows] + target_starts, target.device)
-            roots, starts = held[: len(rows)], held[len(rows) :]
+            positions = target.positions(target_starts)
+            held = host_values([row.sink.last_token for row in rows] + positions, target.device)
+            roots, start = held[: len(rows)], held[len(rows) :]
             drafted = root_trees(roots)
-        start = target.positions(starts)
         return Proposal(drafted, drafted.trees, None, None, None, None, sequences, kept, target_starts, [], [], start)
 
     def _propose_trees(
@@ -317,7 +317,9 @@ class BatchDecoder:
             visible, sizes = rank_tree_shape(plans[0].paths, target.device).block(nodes, nodes), None
             plans = [plans[0]] * len(rows)
         else:
-            visible, sizes = with_edges(trees.ancestors), drafted.sizes
+            made = drafted.visible
+            visible = with_edges(trees.ancestors) if made is None else made.to(target.device)
+            sizes = drafted.sizes
         fed = pending[1]
         return Proposal(drafted, trees, visible, sizes, plans, grown, sequences, kept, target_starts, draft_starts, fed)
 
@@ -348,7 +350,7 @@ class BatchDecoder:
             proposal.sequences,
             state.eos,
             [row.sink.room for row in rows],
-            None if plain else STATISTICS(self.prefiller.draft, policy, drafted.root_log_probs),
+            None if plain else RootStatistics(policy, drafted.root_log_probs),
             False if plain else policy.reads_tree,
             state.strings,
             capture=self.prefiller.target,
@@ -548,12 +550,3 @@ def observe_step(
             plain=plain,
         )
     )
-
-
-def policy_statistics(policy: TreePolicy, root_log_probs: torch.Tensor) -> torch.Tensor | None:
-    """The values `policy` needs from the step's root distribution (`TreePolicy.statistics`, a function of the
-    distribution alone): one compiled region where the pair runs compiled (`STATISTICS`)."""
-    return policy.statistics(root_log_probs)
-
-
-STATISTICS = Captured(policy_statistics, "policy statistics")

@@ -107,7 +107,8 @@ class GrownTrees:
     """Every row's tree of a step, the draft's root log-probabilities (B, V), how many levels of each row's tree the
     draft cache holds, each row's greedy depth (B,) and valid nodes (`sizes`, host), the draft forwards and tokens
     fed (padding included), and each row's map from node to the slot the draft was fed it at when its levels were
-    padded (`slots`; None, or None for a row, where nodes and slots coincide)."""
+    padded (`slots`; None, or None for a row, where nodes and slots coincide). `visible`, where the growth made it,
+    is the trees' ancestor rows as the target's verification takes them (`with_edges`, (B, N, N + 2))."""
 
     trees: Trees
     root_log_probs: torch.Tensor
@@ -118,6 +119,7 @@ class GrownTrees:
     forwards: int
     fed_tokens: int
     slots: Sequence[list[int] | None] | None = None
+    visible: torch.Tensor | None = None
 
     def row(self, b: int) -> Drafted:
         """Row `b`'s tree cut to its valid nodes (views)."""

@@ -123,7 +123,7 @@ def _root_forward(inputs: GrowthInputs) -> tuple[torch.Tensor, torch.Tensor, tor
     draft, pending, counts = inputs.draft, inputs.pending, inputs.counts
     device, rows = pending.device, pending.shape[0]
     last = host_values([c - 1 for c in counts], device)
-    start = draft.positions(host_values(draft.lengths, device))
+    start = host_values(draft.positions(draft.lengths), device)
     fed = pending.clamp_max(inputs.input_limit - 1)
     logits = draft.forward_rows(fed, arange(fed.shape[1], device), start, None, counts)
     return logits, last, start, rows * fed.shape[1]
@@ -160,16 +160,17 @@ def draft_own_trees(inputs: GrowthInputs, plans: Sequence[TreePlan]) -> GrownTre
     frontier: torch.Tensor | tuple[torch.Tensor, torch.Tensor] = (root_log_probs, root_order)
     cached_depth, forwards = 0, 1
     for level in range(1, levels + 1):
-        count, grows = _grow_level(inputs, growth, level, frontier)
+        count, grows, visible = _grow_level(inputs, growth, level, frontier)
         if count == 0:  # (masked: every row's node cap is 0, a plain step)
             break
         new = growth.advance(count)
         if level == levels or not grows:
             break
         slots = growth.slots
-        # The new nodes' ancestor rows over slots 0..size are their visibility with its edges (`with_edges`): the
-        # root before the block, the slot after it not yet grown.
-        visible = slots.ancestors[:, new, : growth.size + 1]
+        if visible is None:
+            # The new nodes' ancestor rows over slots 0..size are their visibility with its edges (`with_edges`):
+            # the root before the block, the slot after it not yet grown.
+            visible = slots.ancestors[:, new, : growth.size + 1]
         depths = arange(levels + 1, device)[level : level + 1].expand(count)
         logits = inputs.draft.forward_rows(slots.tokens[:, new], depths, root_position, visible)
         forwards, fed_tokens = forwards + 1, fed_tokens + rows * count
@@ -226,12 +227,13 @@ class _Growth:
 
 def _grow_level(
     inputs: GrowthInputs, growth: _Growth, level: int, frontier: torch.Tensor | tuple[torch.Tensor, torch.Tensor]
-) -> tuple[int, bool]:
+) -> tuple[int, bool, torch.Tensor | None]:
     """Choose and write `level`'s children (`level_step`) from the frontier's draft logits (B, F, V), or their
     log-probabilities and ranking key (B, F, V each) where some row processes them: each row keeps the candidates
     among its frontier's top-k that its rule, its reach and its node cap allow. A masked level holds as many slots
     as the widest row may keep, as one compiled region; an unmasked one the most children a row keeps
-    (`_kept_count`). Returns the level's slots and whether the growth goes on below it."""
+    (`_kept_count`). Returns the level's slots, whether the growth goes on below it and, from a masked level's
+    region, the new slots' visibility as their draft forward takes it (None: to be sliced)."""
     selection, slots = growth.selection, growth.slots
     plans, rules = selection.plans, selection.rules
     frontier_size = growth.frontier.stop - growth.frontier.start
@@ -239,23 +241,23 @@ def _grow_level(
     count = min(bound, max(selection.caps))
     if selection.masked:
         if count == 0:
-            return 0, False
+            return 0, False, None
         place = growth.place(level, count)
         kept = None if rules.free is None else rules.kept(level, frontier_size, slots.tokens.device)
         if isinstance(frontier, torch.Tensor):
             mark_rows(slots, rules, frontier)
             made = (frontier, inputs.vocab_limit, kept)
-            slots.parent_values = PLAIN_MASKED_LEVEL(inputs.draft, slots, rules, place, count, *made)
+            slots.parent_values, visible = PLAIN_MASKED_LEVEL(inputs.draft, slots, rules, place, count, *made)
         else:
             mark_rows(slots, rules, *frontier)
-            slots.parent_values = MASKED_LEVEL(inputs.draft, slots, rules, place, count, *frontier, kept)
-        return count, True
+            slots.parent_values, visible = MASKED_LEVEL(inputs.draft, slots, rules, place, count, *frontier, kept)
+        return count, True, visible
     place = growth.place(level, bound)
     choice = choose(slots, rules, place, *frontier)
     count, grows = _kept_count(rules, growth, level, choice)
     if count > 0:
         slots.parent_values = write(slots, rules, place, choice, count)
-    return count, grows
+    return count, grows, None
 
 
 def _kept_count(rules: LevelRules, growth: _Growth, level: int, choice: Choice) -> tuple[int, bool]:
@@ -289,10 +291,14 @@ def _own_trees(
     # The step's one read for the trees: every row's real slots.
     flags = slots.dropped[:, : growth.size].tolist()
     real = [[slot for slot, drop in enumerate(row) if not drop] for row in flags]
-    trees, greedy_depth, tree_depths = slot_trees(inputs.draft, slots, top_k, real, growth.level_ends)
+    trees, visible, greedy_depth, tree_depths = slot_trees(inputs.draft, slots, top_k, real, growth.level_ends)
     sizes = [len(slots) for slots in real]
     cached = [cached_depth] * len(real)
-    return GrownTrees(trees, root_log_probs[:, 0], cached, greedy_depth, sizes, tree_depths, forwards, fed_tokens, real)
+    grown = GrownTrees(
+        trees, root_log_probs[:, 0], cached, greedy_depth, sizes, tree_depths, forwards, fed_tokens, real
+    )
+    grown.visible = visible
+    return grown
 
 
 def _log_probs(

@@ -150,10 +150,14 @@ def masked_level(
     child_log_probs: torch.Tensor,
     child_order: torch.Tensor,
     kept: torch.Tensor | None,
-) -> torch.Tensor | None:
-    """A masked level of `count` slots at `place`: `choose` then `write`. Returns the new slots' values."""
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """A masked level of `count` slots at `place`: `choose` then `write`. Returns the new slots' values and their
+    ancestor rows over the slots written so far and the next (B, count, size + count + 1), contiguous: their
+    visibility with its edges (`with_edges`) as the level's draft forward takes it."""
     choice = choose(slots, rules, place, child_log_probs, child_order, kept)
-    return write(slots, rules, place, choice, count)
+    values = write(slots, rules, place, choice, count)
+    end = place.size + count
+    return values, slots.ancestors[:, place.size : end, : end + 1].contiguous()
 
 
 def plain_masked_level(
@@ -164,7 +168,7 @@ def plain_masked_level(
     logits: torch.Tensor,
     vocab_limit: int,
     kept: torch.Tensor | None,
-) -> torch.Tensor | None:
+) -> tuple[torch.Tensor | None, torch.Tensor]:
     """`masked_level` from the draft's `logits` (B, F, V) of the frontier, where no row processes them: its
     log-probabilities over the real tokens (below `vocab_limit`) are its ranking key."""
     log_probs = torch.log_softmax(logits[..., :vocab_limit].float(), dim=-1)

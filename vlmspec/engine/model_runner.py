@@ -40,7 +40,6 @@ class ModelRunner(GuardedRunner):
         check_cache(adapter.model.config)
         self.cache = RowCache(adapter.layer_devices(), fixed=compiled is not None)
         self.offsets: list[int] = []
-        self._offsets: tuple[list[int], torch.Tensor] | None = None
         self.refresh()
 
     def refresh(self) -> None:
@@ -57,7 +56,7 @@ class ModelRunner(GuardedRunner):
         self.refresh()
         fixed = self.compiled is not None
         self.cache = RowCache(self.adapter.layer_devices(), slots, fixed=fixed, reuse=self.cache)
-        self.offsets, self._offsets = [], None
+        self.offsets = []
 
     def release(self) -> None:
         """Let go of the rows and their keys (a fixed cache's buffers stay for the next batch's graphs)."""
@@ -153,7 +152,7 @@ class ModelRunner(GuardedRunner):
         """Run the compiled forward once at every padded size up to `largest` tokens over the rows (compiling each),
         leaving the cache as it was."""
         lengths, device = list(self.cache.lengths), self.device
-        start = self.positions(host_values(lengths, device))
+        start = host_values(self.positions(lengths), device)
         for size in padded_sizes(largest):
             if self.compiled is None:
                 return
@@ -172,7 +171,7 @@ class ModelRunner(GuardedRunner):
     def _greedy_check(self, first: torch.Tensor, compiled: bool) -> list[list[int]]:
         """The tokens `check_compiled` compares, from one run of fixed-shape forwards, compiled or eager."""
         lengths, device = list(self.cache.lengths), self.device
-        start = self.positions(host_values(lengths, device))
+        start = host_values(self.positions(lengths), device)
         fed, chosen = [first.to(device)], []
         try:
             for i in range(CHECK_TOKENS):
@@ -187,15 +186,10 @@ class ModelRunner(GuardedRunner):
             self.cache.lengths = lengths
         return torch.stack(chosen, 1).tolist()
 
-    def positions(self, index: torch.Tensor) -> torch.Tensor:
-        """The positions (B,) of each row's token at cache index `index[b]`."""
-        return self.offsets_tensor() + index
-
-    def offsets_tensor(self) -> torch.Tensor:
-        """The rows' position offsets on the device (made again only when the rows change)."""
-        if self._offsets is None or self._offsets[0] != self.offsets:
-            self._offsets = (list(self.offsets), host_values(self.offsets, self.device))
-        return self._offsets[1]
+    def positions(self, index: list[int]) -> list[int]:
+        """The positions of each row's token at cache index `index[b]` (host numbers: the caller copies them to the
+        device with whatever else it copies)."""
+        return [offset + i for offset, i in zip(self.offsets, index, strict=True)]
 
     def _fed(self, q: int) -> int:
         """The tokens a forward of `q` feeds each row: `q`, padded on a fixed cache."""

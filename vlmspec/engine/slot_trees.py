@@ -12,16 +12,17 @@ import torch
 from ..device_tensors import host_values
 from .compiled import Captured, GuardedRunner
 from .level_step import Slots
-from .tree import Trees
+from .tree import Trees, with_edges
 
 
 def slot_trees(
     runner: GuardedRunner, slots: Slots, top_k: int, real: list[list[int]], level_ends: list[int]
-) -> tuple[Trees, torch.Tensor, list[int]]:
+) -> tuple[Trees, torch.Tensor, torch.Tensor, list[int]]:
     """Each row's `real` slots of its padded levels gathered into a tree of its own nodes (per-row structure, padded
-    to the largest, the padding invalid), how deep each row's draft top-1 path reaches in it (B,), and each row's
-    tree depth (host). A slot's parent is the frontier slot its candidate index (`slots.candidates`: frontier slot
-    times `top_k` plus rank) names, in the level before its own (`level_ends`: where each level ends). The gathers
+    to the largest, the padding invalid), its ancestor rows as the target's verification sees them (`with_edges`,
+    (B, n, n + 2)), how deep each row's draft top-1 path reaches in it (B,), and each row's tree depth (host). A
+    slot's parent is the frontier slot its candidate index (`slots.candidates`: frontier slot times `top_k` plus
+    rank) names, in the level before its own (`level_ends`: where each level ends). The gathers
     run through `runner`'s captured form."""
     rows, n, width = len(real), max(len(row) for row in real), slots.tokens.shape[1]
     remap = [[0] * width for _ in real]
@@ -44,9 +45,9 @@ def slot_trees(
     layout = (written[: rows * n].view(rows, n), written[rows * n : rows * (n + width)].view(rows, width))
     layout += (written[rows * (n + width) : rows * (4 * n + width)].view(3, rows, n), written[rows * (4 * n + width) :])
     tensors = (slots.tokens, slots.log_probs, slots.candidates, slots.ancestors)
-    *fields, greedy_depth = GATHER_NODES(runner, *tensors, *layout, top_k)
+    *fields, visible, greedy_depth = GATHER_NODES(runner, *tensors, *layout, top_k)
     trees = Trees(*fields[:5], max(tree_depths), fields[5])
-    return trees, greedy_depth, tree_depths
+    return trees, visible, greedy_depth, tree_depths
 
 
 def gather_nodes(
@@ -64,8 +65,8 @@ def gather_nodes(
     each node's slot (`index`, (B, n)), each slot's node (`new_index`, (B, C)), each node's depth, its level's first
     slot and its parent rule (`node_layout`, (3, B, n): -1 the root, -2 a real node's own parent, else padding's own
     index) and each row's real nodes (`sizes`, (B,)). Returns tokens, path log-probabilities (-inf past the real
-    nodes), parents, depths, ancestor rows (B, n, n) and which nodes are real, then how deep each row's draft top-1
-    path reaches (B,)."""
+    nodes), parents, depths, ancestor rows (B, n, n) and which nodes are real, then the ancestor rows with their
+    edges (`with_edges`) and how deep each row's draft top-1 path reaches (B,)."""
     n = index.shape[1]
     node_depths, node_starts, node_fixed = node_layout[0], node_layout[1], node_layout[2]
     is_real = torch.arange(n, device=index.device)[None] < sizes[:, None]
@@ -78,7 +79,8 @@ def gather_nodes(
     off_path = node_ancestors & (node_candidates % top_k != 0)[:, None, :]
     node_log_probs = log_probs.gather(1, index).masked_fill(~is_real, -torch.inf)
     greedy_depth = (node_depths * ~off_path.any(dim=2) * is_real).amax(dim=1)
-    return tokens.gather(1, index), node_log_probs, node_parents, node_depths, node_ancestors, is_real, greedy_depth
+    fields = (tokens.gather(1, index), node_log_probs, node_parents, node_depths, node_ancestors, is_real)
+    return *fields, with_edges(node_ancestors), greedy_depth
 
 
 GATHER_NODES = Captured(gather_nodes, "tree gather")
