@@ -4,8 +4,9 @@ candidates each row keeps (`choose`) and their writing into the padded levels (`
 A masked level holds a number of slots known on the host, so the draft's log-probabilities, the choice and the
 writing run as one function of the level's inputs (`masked_level`, or `plain_masked_level` from the draft's logits
 where no row processes them), one compiled region where the pair runs compiled (`MASKED_LEVEL`,
-`PLAIN_MASKED_LEVEL`): the first level's graph and then one whose host numbers (`Place`) and rows vary (the rows
-marked from the start, `mark_rows`), so SAGE's trees of every depth and width share it.
+`PLAIN_MASKED_LEVEL`): a static graph first, then ones whose frontier, slots and rows are symbolic (the rows marked
+from the start, `mark_rows`), so trees of other widths share them; the level number and whether a node cap binds
+still specialise a graph.
 """
 
 from __future__ import annotations
