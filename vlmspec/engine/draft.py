@@ -56,6 +56,12 @@ def sequence_proposal_log_probs(
     return log_probs.reshape(*logits.shape[:-1], -1), order.reshape(*logits.shape[:-1], -1)
 
 
+def plain_log_probs(logits: torch.Tensor, vocab_limit: int) -> torch.Tensor:
+    """The draft's log-probabilities (..., V') of the real tokens (below `vocab_limit`) from its `logits` (..., V),
+    where no processing applies: also their ranking key."""
+    return torch.log_softmax(logits[..., :vocab_limit].float(), dim=-1)
+
+
 def proposal_log_probs(
     logits: torch.Tensor,
     processing: NodeProcessing | None,
@@ -74,11 +80,11 @@ def proposal_log_probs(
     warpers cut (top-k, top-p, ...) get -inf but keep their processed order behind the survivors, so a plan that asks
     for more children than survive still gets the draft's next best guesses.
     """
+    if processing is None:
+        log_probs = plain_log_probs(logits, vocab_limit)
+        return log_probs, log_probs
     if logits.shape[-1] > vocab_limit:
         logits = logits[..., :vocab_limit]
-    if processing is None:
-        log_probs = torch.log_softmax(logits.float(), dim=-1)
-        return log_probs, log_probs
     here = sequences.device if isinstance(sequences, torch.Tensor) else sequences[0].device
     if logits.device != here:
         # A draft on another device than the target: the config's processors were built on the target's device,

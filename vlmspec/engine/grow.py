@@ -15,12 +15,22 @@ import torch
 
 from ..device_tensors import arange, host_values
 from ..policies import LevelRules, TreePlan
+from .compiled import mark_rows
 from .draft import GrownTrees, proposal_log_probs, sequence_proposal_log_probs
-from .level_step import MASKED_LEVEL, PLAIN_MASKED_LEVEL, ROOT_SLOTS, Choice, Place, Slots, choose, mark_rows, write
+from .level_step import (
+    MASKED_LEVEL,
+    PLAIN_MASKED_LEVEL,
+    ROOT_SLOTS,
+    Choice,
+    Place,
+    Slots,
+    choose,
+    mark_level_rows,
+    write,
+)
 from .model_runner import ModelRunner
 from .processing import NodeProcessing, RowSequences, same_processing, uniform_processing
 from .shape_step import PLAIN_SHAPE_LEVEL, SHAPE_LEVEL, SHAPE_ROOT
-from .shape_step import mark_rows as mark_shared_rows
 from .slot_trees import slot_trees
 from .tree import Trees, TreeShape
 
@@ -75,10 +85,10 @@ def draft_rows(inputs: GrowthInputs, shape: TreeShape, top_k: int) -> GrownTrees
     for level in range(1, depth + 1):
         new = shape.level(level)
         if isinstance(frontier, torch.Tensor):
-            mark_shared_rows(frontier, tokens, log_probs)
+            mark_rows(rows, [(frontier, 0), (tokens, 0), (log_probs, 0)])
             PLAIN_SHAPE_LEVEL(inputs.draft, shape, level, top_k, frontier, inputs.vocab_limit, tokens, log_probs)
         else:
-            mark_shared_rows(*frontier, tokens, log_probs)
+            mark_rows(rows, [(tensor, 0) for tensor in (*frontier, tokens, log_probs)])
             SHAPE_LEVEL(inputs.draft, shape, level, top_k, *frontier, tokens, log_probs)
         if level == depth:
             break
@@ -245,11 +255,11 @@ def _grow_level(
         place = growth.place(level, count)
         kept = None if rules.free is None else rules.kept(level, frontier_size, slots.tokens.device)
         if isinstance(frontier, torch.Tensor):
-            mark_rows(slots, rules, frontier)
+            mark_level_rows(slots, rules, frontier)
             made = (frontier, inputs.vocab_limit, kept)
             slots.parent_values, visible = PLAIN_MASKED_LEVEL(inputs.draft, slots, rules, place, count, *made)
         else:
-            mark_rows(slots, rules, *frontier)
+            mark_level_rows(slots, rules, *frontier)
             slots.parent_values, visible = MASKED_LEVEL(inputs.draft, slots, rules, place, count, *frontier, kept)
         return count, True, visible
     place = growth.place(level, bound)

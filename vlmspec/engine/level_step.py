@@ -5,7 +5,7 @@ A masked level holds a number of slots known on the host, so the draft's log-pro
 writing run as one function of the level's inputs (`masked_level`, or `plain_masked_level` from the draft's logits
 where no row processes them), one compiled region where the pair runs compiled (`MASKED_LEVEL`,
 `PLAIN_MASKED_LEVEL`): a static graph first, then ones whose frontier, slots and rows are symbolic (the rows marked
-from the start, `mark_rows`), so trees of other widths share them; the level number and whether a node cap binds
+from the start, `mark_level_rows`), so trees of other widths share them; the level number and whether a node cap binds
 still specialise a graph.
 """
 
@@ -16,7 +16,9 @@ from dataclasses import dataclass
 import torch
 
 from ..policies import LevelChoice, LevelRules
+from . import compiled
 from .compiled import Captured
+from .draft import plain_log_probs
 
 
 @dataclass
@@ -67,7 +69,7 @@ def root_slots(
     rows = logits.shape[0]
     root_logits = logits.gather(1, last[:, None, None].expand(rows, 1, logits.shape[2]))
     if vocab_limit is not None:
-        root_logits = torch.log_softmax(root_logits[..., :vocab_limit].float(), dim=-1)
+        root_logits = plain_log_probs(root_logits, vocab_limit)
     root = pending.gather(1, last[:, None])[:, 0]
     return root_logits, start + last, Slots.start(root, capacity, reach)
 
@@ -172,7 +174,7 @@ def plain_masked_level(
 ) -> tuple[torch.Tensor | None, torch.Tensor]:
     """`masked_level` from the draft's `logits` (B, F, V) of the frontier, where no row processes them: its
     log-probabilities over the real tokens (below `vocab_limit`) are its ranking key."""
-    log_probs = torch.log_softmax(logits[..., :vocab_limit].float(), dim=-1)
+    log_probs = plain_log_probs(logits, vocab_limit)
     return masked_level(slots, rules, place, count, log_probs, log_probs, kept)
 
 
@@ -180,16 +182,12 @@ MASKED_LEVEL = Captured(masked_level, "draft level")
 PLAIN_MASKED_LEVEL = Captured(plain_masked_level, "plain draft level")
 
 
-def mark_rows(slots: Slots, rules: LevelRules, *frontier: torch.Tensor) -> None:
+def mark_level_rows(slots: Slots, rules: LevelRules, *frontier: torch.Tensor) -> None:
     """Mark the rows' dimension of a masked level's inputs (the slots, the rules and the `frontier`'s tensors, rows
-    first) dynamic for the compiler, so that one graph serves a batch as its rows finish (one row is compiled
-    apart)."""
-    if slots.tokens.shape[0] < 2:
-        return
+    first) dynamic for the compiler (`compiled.mark_rows`)."""
     fields = (slots.tokens, slots.log_probs, slots.candidates, slots.dropped, slots.ancestors, slots.reach)
     held = [(tensor, 0) for tensor in (*fields, slots.parent_values, *frontier) if tensor is not None]
-    for tensor, dim in held + rules.row_dims():
-        torch._dynamo.maybe_mark_dynamic(tensor, dim)
+    compiled.mark_rows(slots.tokens.shape[0], held + rules.row_dims())
 
 
 def _gather_into(target: torch.Tensor, source: torch.Tensor, index: torch.Tensor) -> None:

@@ -3,13 +3,14 @@ frontier node's children are the ranks of its draft top-k the shape names, writt
 every frontier node's first ranks. A level is one function of its inputs (`shape_level`, or `plain_shape_level`
 from the draft's logits where no row processes them), and so is the root (`shape_root`): each one compiled region
 where the pair runs compiled (`SHAPE_LEVEL`, `PLAIN_SHAPE_LEVEL`, `SHAPE_ROOT`), with the rows marked dynamic
-(`mark_rows`)."""
+(`compiled.mark_rows`)."""
 
 from __future__ import annotations
 
 import torch
 
 from .compiled import Captured
+from .draft import plain_log_probs
 from .tree import TreeShape
 
 
@@ -28,7 +29,7 @@ def shape_root(
     rows = logits.shape[0]
     root_logits = logits.gather(1, last[:, None, None].expand(rows, 1, logits.shape[2]))
     if vocab_limit is not None:
-        root_logits = torch.log_softmax(root_logits[..., :vocab_limit].float(), dim=-1)
+        root_logits = plain_log_probs(root_logits, vocab_limit)
     tokens = torch.empty(rows, n, dtype=torch.long, device=logits.device)
     tokens[:, 0] = pending.gather(1, last[:, None])[:, 0]
     return root_logits, start + last, tokens, torch.zeros(rows, n, device=logits.device)
@@ -77,16 +78,8 @@ def plain_shape_level(
 ) -> None:
     """`shape_level` from the draft's `logits` (B, F, V) of the frontier, where no row processes them: its
     log-probabilities over the real tokens (below `vocab_limit`) are its ranking key."""
-    child_log_probs = torch.log_softmax(logits[..., :vocab_limit].float(), dim=-1)
+    child_log_probs = plain_log_probs(logits, vocab_limit)
     shape_level(shape, level, top_k, child_log_probs, child_log_probs, tokens, log_probs)
-
-
-def mark_rows(*tensors: torch.Tensor) -> None:
-    """Mark the rows' dimension (the first) of a level's `tensors` dynamic for the compiler, so that one graph per
-    level serves a batch as its rows finish (one row is compiled apart)."""
-    if tensors[0].shape[0] > 1:
-        for tensor in tensors:
-            torch._dynamo.maybe_mark_dynamic(tensor, 0)
 
 
 SHAPE_ROOT = Captured(shape_root, "shared root")
