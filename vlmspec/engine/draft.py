@@ -62,6 +62,19 @@ def plain_log_probs(logits: torch.Tensor, vocab_limit: int) -> torch.Tensor:
     return torch.log_softmax(logits[..., :vocab_limit].float(), dim=-1)
 
 
+def root_of(
+    logits: torch.Tensor, pending: torch.Tensor, last: torch.Tensor, vocab_limit: int | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's root, the last real one (`last`, (B,)) of its `pending` tokens (B, P), and the draft's logits
+    after it (B, 1, V) from its `logits` (B, P, V), or with `vocab_limit` (where no row processes them) its
+    log-probabilities over the real tokens."""
+    rows = logits.shape[0]
+    root_logits = logits.gather(1, last[:, None, None].expand(rows, 1, logits.shape[2]))
+    if vocab_limit is not None:
+        root_logits = plain_log_probs(root_logits, vocab_limit)
+    return pending.gather(1, last[:, None])[:, 0], root_logits
+
+
 def proposal_log_probs(
     logits: torch.Tensor,
     processing: NodeProcessing | None,

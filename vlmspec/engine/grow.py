@@ -128,8 +128,8 @@ def _shape_trees(
 
 def _root_forward(inputs: GrowthInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """Feed every row's tokens the draft has not seen (its first `counts[b]` of `pending` (B, P)) in one forward;
-    returns the draft's logits (B, P, V), each row's last pending token (its root) (B,), the rows' first positions
-    (B,) and the tokens the forward carried (padding included)."""
+    returns the draft's logits (B, P, V), the index of each row's last pending token (its root) (B,), the rows'
+    first positions (B,) and the tokens the forward carried (padding included)."""
     draft, pending, counts = inputs.draft, inputs.pending, inputs.counts
     device, rows = pending.device, pending.shape[0]
     last = host_values([c - 1 for c in counts], device)

@@ -18,7 +18,7 @@ import torch
 from ..policies import LevelChoice, LevelRules
 from . import compiled
 from .compiled import Captured
-from .draft import plain_log_probs
+from .draft import plain_log_probs, root_of
 
 
 @dataclass
@@ -66,11 +66,7 @@ def root_slots(
     its root: the root's logits (B, 1, V), or with `vocab_limit` (where no row processes them) its log-probabilities
     over the real tokens; the roots' positions (`start` (B,) plus `last`); and the `capacity` slots holding the roots
     (`Slots.start`)."""
-    rows = logits.shape[0]
-    root_logits = logits.gather(1, last[:, None, None].expand(rows, 1, logits.shape[2]))
-    if vocab_limit is not None:
-        root_logits = plain_log_probs(root_logits, vocab_limit)
-    root = pending.gather(1, last[:, None])[:, 0]
+    root, root_logits = root_of(logits, pending, last, vocab_limit)
     return root_logits, start + last, Slots.start(root, capacity, reach)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from .compiled import Captured
-from .draft import plain_log_probs
+from .draft import plain_log_probs, root_of
 from .tree import TreeShape
 
 
@@ -27,11 +27,9 @@ def shape_root(
     over the real tokens; the roots' positions (`start` (B,) plus `last`); and the `n` nodes' tokens and path
     log-probabilities (B, n), the root's written (its path log-probability 0)."""
     rows = logits.shape[0]
-    root_logits = logits.gather(1, last[:, None, None].expand(rows, 1, logits.shape[2]))
-    if vocab_limit is not None:
-        root_logits = plain_log_probs(root_logits, vocab_limit)
+    root, root_logits = root_of(logits, pending, last, vocab_limit)
     tokens = torch.empty(rows, n, dtype=torch.long, device=logits.device)
-    tokens[:, 0] = pending.gather(1, last[:, None])[:, 0]
+    tokens[:, 0] = root
     return root_logits, start + last, tokens, torch.zeros(rows, n, device=logits.device)
 
 
