@@ -189,7 +189,7 @@ def test_copies_of_a_compiled_model_compile_their_own(qwen):
         assert compiled_forward(duplicate, "on", "draft") is not compiled
 
 
-def test_warm_up_runs_every_padded_size_once_and_leaves_decoding_exact(qwen):
+def test_warm_up_runs_every_padded_size_once_then_decodes_and_leaves_decoding_exact(qwen):
     from vlmspec.engine.compiled import LARGEST_FORWARD, padded_sizes
 
     spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"], policy="sage", compile="shapes")
@@ -201,8 +201,19 @@ def test_warm_up_runs_every_padded_size_once_and_leaves_decoding_exact(qwen):
         assert spec.warm_up(32, **qwen.cases["image"]) > 0
     finally:
         handle.remove()
-    assert sizes[1:] == padded_sizes(LARGEST_FORWARD) == [1, 2, 4, 8, 16, 32, 48, 64, 80]
+    warmed = padded_sizes(LARGEST_FORWARD)
+    assert sizes[1 : 1 + len(warmed)] == warmed == [1, 2, 4, 8, 16, 32, 48, 64, 80]
+    assert len(sizes) > 2 + len(warmed), "the warm-up then decodes (its prompt pass, then decoding forwards)"
     assert torch.equal(spec.generate(**qwen.cases["image"], max_new_tokens=32), qwen.reference("image"))
+
+
+def test_a_sampled_warm_up_leaves_the_random_state_as_it_was(qwen):
+    spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"], policy="sage", compile="shapes")
+    torch.manual_seed(3)
+    expected = torch.rand(4)
+    torch.manual_seed(3)
+    spec.warm_up(8, generation={"do_sample": True, "temperature": 0.7}, **qwen.cases["image"])
+    assert torch.equal(torch.rand(4), expected)
 
 
 def test_warm_up_for_a_batch_runs_every_padded_size_over_every_row_bucket_it_meets(qwen):
@@ -232,3 +243,14 @@ def test_compiled_graphs_persist_under_the_users_cache_folder(monkeypatch, tmp_p
     model = tiny_qwen2_5_vl()
     assert compiled_forward(model, "on", "target") is not None
     assert os.environ[CACHE_ENV] == str(cache_folder()) == str(tmp_path / "vlmspec" / "inductor")
+
+
+def test_after_a_warm_up_decoding_other_prompts_compiles_no_graph(qwen):
+    from torch._dynamo.utils import counters
+
+    spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"], policy="chain", pruning=None, compile="on")
+    spec.warm_up(16, **qwen.cases["long_prompt"])
+    before = counters["stats"]["unique_graphs"]
+    for case in ("image", "video", "text"):
+        assert torch.equal(spec.generate(**qwen.cases[case], max_new_tokens=16), qwen.reference(case, 16))
+    assert counters["stats"]["unique_graphs"] == before

@@ -10,6 +10,8 @@ import torch
 
 _RANGES: dict[torch.device, torch.Tensor] = {}
 _ZEROS: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+_FILLED: dict[tuple[torch.device, int], torch.Tensor] = {}
+_TRUES: dict[torch.device, torch.Tensor] = {}
 
 
 def arange(n: int, device: torch.device) -> torch.Tensor:
@@ -29,6 +31,27 @@ def zeros(n: int, device: torch.device, dtype: torch.dtype = torch.long) -> torc
         size = max(n, 2 * (0 if held is None else held.shape[0]), 64)
         held = _ZEROS[key] = torch.zeros(size, dtype=dtype, device=key[0])
     return held[:n]
+
+
+def filled(value: int, n: int, device: torch.device) -> torch.Tensor:
+    """`torch.full((n,), value)` (int64) on `device`, as a contiguous view of one kept tensor per value (never write
+    into it): one draft level's depths, at no launch and with the strides a compiled forward's graph expects."""
+    key = (torch.device(device), value)
+    held = _FILLED.get(key)
+    if held is None or held.shape[0] < n:
+        size = max(n, 2 * (0 if held is None else held.shape[0]), 128)
+        held = _FILLED[key] = torch.full((size,), value, device=key[0])
+    return held[:n]
+
+
+def trues(rows: int, n: int, device: torch.device) -> torch.Tensor:
+    """An all-True (rows, n) bool tensor on `device`, as a contiguous view of one kept tensor (never write into it)."""
+    key = torch.device(device)
+    held = _TRUES.get(key)
+    if held is None or held.shape[0] < rows * n:
+        size = max(rows * n, 2 * (0 if held is None else held.shape[0]), 1024)
+        held = _TRUES[key] = torch.ones(size, dtype=torch.bool, device=key)
+    return held[: rows * n].view(rows, n)
 
 
 def host_values(values: Sequence[float], device: torch.device, dtype: torch.dtype = torch.long) -> torch.Tensor:

@@ -101,7 +101,8 @@ class SpeculativeVLM:
         self.vocab_size = vocab_size
         self.compile = compile
         guard = CompileGuard(compile)
-        self._target_runner = ModelRunner(target_adapter, compiled_forward(target, compile, "target"), guard, "target")
+        target_forward = compiled_forward(target, compile, "target")
+        self._target_runner = ModelRunner(target_adapter, target_forward, guard, "target", row_depths=True)
         self._draft_runner = ModelRunner(draft_adapter, compiled_forward(draft, compile, "draft"), guard, "draft")
         if vocab_size is None and processor is not None and getattr(processor, "tokenizer", None) is not None:
             vocab_size = len(processor.tokenizer)
@@ -358,11 +359,15 @@ class SpeculativeVLM:
         yield from self._batch.run(requests, batch_size, None if budget is None else budget.admits)
 
     @torch.inference_mode()
-    def warm_up(self, max_new_tokens: int = 128, batch_size: int = 1, **inputs: Any) -> float:
-        """Compile, now, every padded size either model's decoding forwards can meet, at the cache size a call on
-        `inputs` (the processor's output for the longest prompt to come) with `max_new_tokens` uses, over every row
-        bucket of batches up to `batch_size` rows; returns the seconds it took (0 when nothing runs compiled).
-        Compiled forwards otherwise compile each size on first use."""
+    def warm_up(
+        self, max_new_tokens: int = 128, batch_size: int = 1, generation: dict | None = None, **inputs: Any
+    ) -> float:
+        """Compile, now, every padded size either model's decoding forwards can meet over every row bucket of batches
+        up to `batch_size` rows, and the step's own compiled regions: decoding `inputs` (the processor's output for a
+        prompt like those to come) `max_new_tokens` tokens at each bucket, under this pair's policy, the target's
+        generation config and `generation` (the keyword arguments the calls to come pass `generate`). Returns the
+        seconds it took (0 when nothing runs compiled). Compiled regions otherwise compile on first use. The random
+        state is left as it was: a sampled warm-up draws from a fork of it."""
         if not self.compiled:
             return 0.0
         started = time.perf_counter()
@@ -371,9 +376,13 @@ class SpeculativeVLM:
         keys = self._target_runner.adapter.input_keys
         row = _to_device({k: inputs[k] for k in keys if inputs.get(k) is not None}, self._target_runner.device)
         others = {k: v for k, v in row.items() if k != "input_ids"}
-        settings = resolve_generation(self.target, None, {"max_new_tokens": max_new_tokens}, row["input_ids"], others)
+        settings = resolve_generation(
+            self.target, None, {**(generation or {}), "max_new_tokens": max_new_tokens}, row["input_ids"], others
+        )
         request = RowRequest(0, row, _to_device(row, self._draft_runner.device), row["input_ids"], settings)
-        self._batch.warm_up(request, LARGEST_FORWARD, batch_size)
+        devices = {d for d in (self._target_runner.device, self._draft_runner.device) if d.type == "cuda"}
+        with torch.random.fork_rng(devices=sorted(devices, key=str)):
+            self._batch.warm_up(request, LARGEST_FORWARD, batch_size)
         return time.perf_counter() - started
 
     def __repr__(self) -> str:

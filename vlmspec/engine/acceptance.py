@@ -12,12 +12,12 @@ processors see each node's own sequence); without processors nothing here loops 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
 
-from ..device_tensors import arange, host_values
+from ..device_tensors import arange, host_values, trues
 from .accept import Verdict, accept_greedy_rows, accept_sampled_rows
 from .compiled import Captured, GuardedRunner
 from .draft import GrownTrees
@@ -143,7 +143,10 @@ def _accept_greedy_captured(
     with_tree: bool,
 ) -> Acceptance:
     """`accept_trees` of rows that all accept greedily, without processing or stop strings: `greedy_step` as one
-    compiled region where `capture` (the target's runner) runs compiled, then the one read."""
+    compiled region where `capture` (the target's runner) runs compiled, then the one read. Compiled, trees whose
+    nodes are all valid carry an all-True `valid` (a kept tensor), so one graph serves them and capped trees."""
+    if trees.valid is None and capture.captures and trees.size > 1:
+        trees = replace(trees, valid=trues(*trees.tokens.shape, trees.tokens.device))
     room = host_values(rooms, trees.tokens.device)
     step = (trees, logits, eos_token_ids, room, drafted.greedy_depth, statistics, with_tree)
     verdict, tokens, packed = GREEDY_STEP(capture, *step)

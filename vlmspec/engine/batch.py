@@ -163,25 +163,39 @@ class BatchDecoder:
 
     def warm_up(self, request: RowRequest, largest: int, batch_size: int = 1) -> None:
         """Admit `request` alone and run each compiled model's check against eager forwards; then, for every row
-        bucket a batch of up to `batch_size` rows meets, admit that many copies of it and run a forward of every
-        padded size up to `largest` tokens over them (compiling each); let them go undecoded."""
+        bucket a batch of up to `batch_size` rows meets, admit that many copies of it, run a forward of every padded
+        size up to `largest` tokens over them (compiling each), and decode the copies (compiling the step's own
+        regions: growth, acceptance, the gathers): to their end, and with 2 and 3 tokens, whose last steps verify a
+        root alone and a tree one level deep, as every budget's last steps may."""
         buckets = sorted({row_bucket(rows) for rows in range(1, batch_size + 1)})
         for bucket in buckets:
-            target, draft = self._runners(bucket)
-            try:
-                rows = []
-                for _, row in self.prefiller.admit([replace(request, key=b) for b in range(bucket)]):
-                    if isinstance(row, Exception):
-                        raise row
-                    rows.append(row)
-                if rows[0].sink.finished:
-                    return
-                if bucket == 1:
-                    self._check_compiled(rows, target, draft)
-                for runner in (target, draft):
-                    runner.warm_up(largest)
-            finally:
-                self.prefiller.release()
+            copies = [replace(request, key=b) for b in range(bucket)]
+            if not self._warm_forwards(copies, largest, bucket == 1):
+                return
+            for budget in sorted({2, 3, request.settings.max_new_tokens}):
+                short = [replace(copy, settings=replace(copy.settings, max_new_tokens=budget)) for copy in copies]
+                for _ in self.run(short, bucket):
+                    pass
+
+    def _warm_forwards(self, copies: list[RowRequest], largest: int, check: bool) -> bool:
+        """Admit `copies` (with `check`, check the compiled forwards first) and run a forward of every padded size up
+        to `largest` tokens over them; let them go undecoded. False when they finish at their prefill."""
+        target, draft = self._runners(len(copies))
+        try:
+            rows = []
+            for _, row in self.prefiller.admit(copies):
+                if isinstance(row, Exception):
+                    raise row
+                rows.append(row)
+            if rows[0].sink.finished:
+                return False
+            if check:
+                self._check_compiled(rows, target, draft)
+            for runner in (target, draft):
+                runner.warm_up(largest)
+            return True
+        finally:
+            self.prefiller.release()
 
     def _runners(self, batch_size: int) -> tuple[ModelRunner, ModelRunner]:
         """The pair's target and draft runners, each started on a batch of up to `batch_size` rows (compiled as the
@@ -314,7 +328,8 @@ class BatchDecoder:
         trees = drafted.trees.to(target.device)
         if shared:
             nodes = slice(0, trees.size)
-            visible, sizes = rank_tree_shape(plans[0].paths, target.device).block(nodes, nodes), None
+            visible = rank_tree_shape(plans[0].paths, target.device).block(nodes, nodes, len(rows))
+            sizes = None
             plans = [plans[0]] * len(rows)
         else:
             made = drafted.visible

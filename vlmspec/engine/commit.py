@@ -62,17 +62,19 @@ def plan_commit(
         targets.append(report.path[: report.accepted + 1])
         drafts.append(list(range(own_fed)) + [slot + own_fed - 1 for slot in fed_path])
         pendings.append(report.tokens[in_draft : report.accepted + 1])
-    blocks = [targets, drafts, pendings]
+    # The pending tokens come first: the draft's next root step takes them as they lie (no storage offset).
+    blocks = [pendings, drafts, targets]
     widths = [max(len(values) for values in block) for block in blocks]
     flat = [v for block, width in zip(blocks, widths, strict=True) for values in block for v in _padded(values, width)]
     rows = len(reports)
     written = host_values(flat, device)
-    target, rest = written[: rows * widths[0]].view(rows, widths[0]), written[rows * widths[0] :]
+    ends = [rows * widths[0], rows * (widths[0] + widths[1])]
+    held, target = written[: ends[1]], written[ends[1] :].view(rows, widths[2])
     if draft_device is not None and torch.device(draft_device) != written.device:
-        rest = rest.to(draft_device)
-    draft, pending = rest[: rows * widths[1]].view(rows, widths[1]), rest[rows * widths[1] :].view(rows, widths[2])
+        held = held.to(draft_device)
+    pending, draft = held[: ends[0]].view(rows, widths[0]), held[ends[0] :].view(rows, widths[1])
     counts = [[len(values) for values in block] for block in blocks]
-    return CommitPlan(target, counts[0], draft, counts[1], pending, counts[2])
+    return CommitPlan(target, counts[2], draft, counts[1], pending, counts[0])
 
 
 def _padded(values: Sequence[int], width: int) -> list[int]:

@@ -2,9 +2,9 @@
 
 Compiled, a decoding forward sees fixed shapes only: the cache is fixed (a fixed `RowCache`), the tokens are padded
 (`padded_size`: 1, 2, 4, 8, 16, then multiples of 16), the rows to a bucket of slots (`row_bucket`), and the mask
-spans the cache's rounded capacity, so each model compiles once per padded size, bucket and capacity. On CUDA the
-graphs are also captured (`mode="reduce-overhead"`): one replay per forward instead of hundreds of launches. On the
-CPU inductor fuses the forward.
+spans the cache's rounded capacity; those sizes are dynamic in the graphs (`mark_varying`), so each model compiles a
+handful of graphs. On CUDA the graphs are also captured (`mode="reduce-overhead"`), one per padded size, bucket
+and capacity: one replay per forward instead of hundreds of launches. On the CPU inductor fuses the forward.
 
 `"auto"` compiles on CUDA and runs eager elsewhere: on the CPU compiled decoding of the demo pair measured faster
 in the steady state (0.27 s against 0.34 s a call of 64 tokens), but compiling every padded size takes 20-50 s,
@@ -254,9 +254,10 @@ class CompileGuard:
 
 class Captured:
     """A pure tensor function of the step (tensors and typed tensor records in, tensors out, no host read), run as one
-    compiled region (`fullgraph=True`) while `runner.captures`, else eager, with dynamo's automatic dynamic shapes: a
-    static graph first, then one with the sizes and host numbers that changed dynamic (a caller may mark sizes it
-    knows will vary dynamic from the start, `maybe_mark_dynamic`). Each runner keeps its own
+    compiled region (`fullgraph=True`) while `runner.captures`, else eager, with dynamic shapes from the first graph
+    (`dynamic=True`: every size and host number symbolic, except sizes of 0 and 1 and the numbers the function
+    branches or indexes host structures on, which dynamo specialises), so that a graph compiled at warm-up serves
+    the trees, rows and budgets later steps meet. Each runner keeps its own
     compiled form (`GuardedRunner.captured`); dynamo's graphs are shared by all. A compiled call that raises raises
     under `compile="on"`; under `"auto"` the pair falls back to eager (the `CompileGuard`) and the call is run again
     eager."""
@@ -270,7 +271,7 @@ class Captured:
             return self.function(*args)
         compiled = runner.captured.get(self.name)
         if compiled is None:
-            compiled = runner.captured[self.name] = torch.compile(self.function, fullgraph=True, dynamic=None)
+            compiled = runner.captured[self.name] = torch.compile(self.function, fullgraph=True, dynamic=True)
         try:
             return compiled(*args)
         except Exception as error:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..device_tensors import arange, host_values
+from ..device_tensors import arange, filled, host_values
 from ..policies import LevelRules, TreePlan
 from .compiled import mark_rows
 from .draft import GrownTrees, proposal_log_probs, sequence_proposal_log_probs
@@ -86,14 +86,15 @@ def draft_rows(inputs: GrowthInputs, shape: TreeShape, top_k: int) -> GrownTrees
         new = shape.level(level)
         if isinstance(frontier, torch.Tensor):
             mark_rows(rows, [(frontier, 0), (tokens, 0), (log_probs, 0)])
-            PLAIN_SHAPE_LEVEL(inputs.draft, shape, level, top_k, frontier, inputs.vocab_limit, tokens, log_probs)
+            made = (frontier, inputs.vocab_limit, tokens, log_probs)
+            fed = PLAIN_SHAPE_LEVEL(inputs.draft, shape, level, top_k, *made)
         else:
             mark_rows(rows, [(tensor, 0) for tensor in (*frontier, tokens, log_probs)])
-            SHAPE_LEVEL(inputs.draft, shape, level, top_k, *frontier, tokens, log_probs)
+            fed = SHAPE_LEVEL(inputs.draft, shape, level, top_k, *frontier, tokens, log_probs)
         if level == depth:
             break
-        visible = shape.block(new, slice(1, new.stop))
-        logits = inputs.draft.forward_rows(tokens[:, new], shape.depths[new], root_position, visible)
+        visible = shape.block(new, slice(1, new.stop), rows)
+        logits = inputs.draft.forward_rows(fed, shape.depths[new], root_position, visible)
         forwards, fed_tokens = forwards + 1, fed_tokens + rows * (new.stop - new.start)
         if inputs.plain:  # the level's log-probabilities are taken in its compiled region
             frontier = logits
@@ -118,9 +119,9 @@ def _shape_trees(
     valid = None
     if min(row_depths) < depth:
         valid = shape.depths[None, :n] <= host_values(row_depths, tokens.device)[:, None]
-    trees = Trees(tokens, log_probs, shape.parents[:n], shape.depths[:n], shape.ancestors[:n, :n], depth, valid)
+    trees = Trees(tokens, log_probs, shape.parents[:n], shape.depths[:n], shape.prefix_ancestors(n), depth, valid)
     if valid is None:
-        greedy_depth = shape.greedy_depth(n).expand(rows)
+        greedy_depth = shape.greedy_depth(n, rows)
     else:
         greedy_depth = (shape.greedy_path[None, :n] * valid).amax(dim=1)
     return trees, greedy_depth, row_depths
@@ -170,19 +171,18 @@ def draft_own_trees(inputs: GrowthInputs, plans: Sequence[TreePlan]) -> GrownTre
     frontier: torch.Tensor | tuple[torch.Tensor, torch.Tensor] = (root_log_probs, root_order)
     cached_depth, forwards = 0, 1
     for level in range(1, levels + 1):
-        count, grows, visible = _grow_level(inputs, growth, level, frontier)
+        count, grows, fed = _grow_level(inputs, growth, level, frontier)
         if count == 0:  # (masked: every row's node cap is 0, a plain step)
             break
         new = growth.advance(count)
         if level == levels or not grows:
             break
         slots = growth.slots
-        if visible is None:
+        if fed is None:
             # The new nodes' ancestor rows over slots 0..size are their visibility with its edges (`with_edges`):
             # the root before the block, the slot after it not yet grown.
-            visible = slots.ancestors[:, new, : growth.size + 1]
-        depths = arange(levels + 1, device)[level : level + 1].expand(count)
-        logits = inputs.draft.forward_rows(slots.tokens[:, new], depths, root_position, visible)
+            fed = slots.tokens[:, new], slots.ancestors[:, new, : growth.size + 1]
+        logits = inputs.draft.forward_rows(fed[0], filled(level, count, device), root_position, fed[1])
         forwards, fed_tokens = forwards + 1, fed_tokens + rows * count
         if masked and inputs.plain:  # the level's log-probabilities are taken in its compiled region
             frontier = logits
@@ -237,13 +237,13 @@ class _Growth:
 
 def _grow_level(
     inputs: GrowthInputs, growth: _Growth, level: int, frontier: torch.Tensor | tuple[torch.Tensor, torch.Tensor]
-) -> tuple[int, bool, torch.Tensor | None]:
+) -> tuple[int, bool, tuple[torch.Tensor, torch.Tensor] | None]:
     """Choose and write `level`'s children (`level_step`) from the frontier's draft logits (B, F, V), or their
     log-probabilities and ranking key (B, F, V each) where some row processes them: each row keeps the candidates
     among its frontier's top-k that its rule, its reach and its node cap allow. A masked level holds as many slots
     as the widest row may keep, as one compiled region; an unmasked one the most children a row keeps
     (`_kept_count`). Returns the level's slots, whether the growth goes on below it and, from a masked level's
-    region, the new slots' visibility as their draft forward takes it (None: to be sliced)."""
+    region, the new slots' tokens and visibility as their draft forward takes them (None: to be sliced)."""
     selection, slots = growth.selection, growth.slots
     plans, rules = selection.plans, selection.rules
     frontier_size = growth.frontier.stop - growth.frontier.start
@@ -257,11 +257,11 @@ def _grow_level(
         if isinstance(frontier, torch.Tensor):
             mark_level_rows(slots, rules, frontier)
             made = (frontier, inputs.vocab_limit, kept)
-            slots.parent_values, visible = PLAIN_MASKED_LEVEL(inputs.draft, slots, rules, place, count, *made)
+            slots.parent_values, *fed = PLAIN_MASKED_LEVEL(inputs.draft, slots, rules, place, count, *made)
         else:
             mark_level_rows(slots, rules, *frontier)
-            slots.parent_values, visible = MASKED_LEVEL(inputs.draft, slots, rules, place, count, *frontier, kept)
-        return count, True, visible
+            slots.parent_values, *fed = MASKED_LEVEL(inputs.draft, slots, rules, place, count, *frontier, kept)
+        return count, True, tuple(fed)
     place = growth.place(level, bound)
     choice = choose(slots, rules, place, *frontier)
     count, grows = _kept_count(rules, growth, level, choice)

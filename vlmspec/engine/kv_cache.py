@@ -242,7 +242,8 @@ class RowCache(Cache):
     def _bound_views(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Every layer's keys and values over the bucket's slots at full capacity: made once per bucket and slab (a
         compiled forward's graph is kept for the very tensors it saw; on CUDA they are marked static, so its graphs
-        write into them in place)."""
+        write into them in place). Their capacity and slots are marked dynamic: a graph serves every capacity and
+        bucket."""
         views = self._views.get(self.bucket)
         if views is None:
             views = []
@@ -250,12 +251,21 @@ class RowCache(Cache):
                 slab = self._slabs[self.layer_devices[index]]
                 place = 2 * self._place[index]
                 pair = (slab[place, : self.bucket], slab[place + 1, : self.bucket])
-                if slab.device.type == "cuda":
-                    for tensor in pair:
+                for tensor in pair:
+                    torch._dynamo.maybe_mark_dynamic(tensor, 2)
+                    if self.bucket > 1:
+                        torch._dynamo.maybe_mark_dynamic(tensor, 0)
+                    if slab.device.type == "cuda":
                         torch._dynamo.mark_static_address(tensor)
                 views.append(pair)
             self._views[self.bucket] = views
         return views
+
+    def fixed_span(self) -> int:
+        """The keys a fixed cache's forward attends over (its capacity), read off the bound keys' size: compiled, a
+        dynamic size, so that one graph serves every capacity, where `capacity` (a host number) would be a constant
+        of the graph."""
+        return self.layers[0].bound[0].shape[2]
 
     def commit(self, counts: list[int]) -> None:
         """Take in the first `counts[b]` tokens each row fed to the last forward."""

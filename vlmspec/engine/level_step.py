@@ -106,7 +106,8 @@ def choose(
 ) -> Choice:
     """Which candidates among its frontier's top-k (by the ranking key `child_order`, of log-probabilities
     `child_log_probs` (B, F, V)) each row drops at `place`: those its rule (`kept`: the fixed rows' masks, see
-    `LevelRules.kept`), its reach and its node cap reject."""
+    `LevelRules.kept`), its reach and its node cap reject. Compiled, the reach is applied whether or not `place`
+    says some row's ends above the level (where none does it drops nothing), so that one graph serves both."""
     top = child_order.topk(rules.top_k, dim=-1)
     # Ranked by the log-probabilities themselves (no warpers), the top values are theirs.
     top_log_probs = top.values if child_order is child_log_probs else child_log_probs.gather(-1, top.indices)
@@ -116,7 +117,7 @@ def choose(
         left = slots.dropped[:, 1 : place.size].sum(1) + (rules.caps - (place.size - 1))
     parent_log_probs = slots.log_probs[:, place.frontier[0] : place.frontier[1]]
     chosen = rules.select(place.level, parent_log_probs, slots.parent_values, top_log_probs, left, kept)
-    if place.cut:
+    if place.cut or torch.compiler.is_compiling():
         chosen.drop |= (slots.reach < place.level)[:, None, None]
     return Choice(top.indices, chosen, chosen.drop.flatten(1))
 
@@ -149,14 +150,16 @@ def masked_level(
     child_log_probs: torch.Tensor,
     child_order: torch.Tensor,
     kept: torch.Tensor | None,
-) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """A masked level of `count` slots at `place`: `choose` then `write`. Returns the new slots' values and their
-    ancestor rows over the slots written so far and the next (B, count, size + count + 1), contiguous: their
-    visibility with its edges (`with_edges`) as the level's draft forward takes it."""
+) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """A masked level of `count` slots at `place`: `choose` then `write`. Returns the new slots' values, and their
+    tokens (B, count) and ancestor rows over the slots written so far and the next (B, count, size + count + 1),
+    contiguous: the tokens and their visibility with its edges (`with_edges`) as the level's draft forward takes
+    them (a compiled one's graph expects those strides)."""
     choice = choose(slots, rules, place, child_log_probs, child_order, kept)
     values = write(slots, rules, place, choice, count)
     end = place.size + count
-    return values, slots.ancestors[:, place.size : end, : end + 1].contiguous()
+    fed = slots.tokens[:, place.size : end].clone(memory_format=torch.contiguous_format)
+    return values, fed, slots.ancestors[:, place.size : end, : end + 1].clone(memory_format=torch.contiguous_format)
 
 
 def plain_masked_level(
@@ -167,7 +170,7 @@ def plain_masked_level(
     logits: torch.Tensor,
     vocab_limit: int,
     kept: torch.Tensor | None,
-) -> tuple[torch.Tensor | None, torch.Tensor]:
+) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
     """`masked_level` from the draft's `logits` (B, F, V) of the frontier, where no row processes them: its
     log-probabilities over the real tokens (below `vocab_limit`) are its ranking key."""
     log_probs = plain_log_probs(logits, vocab_limit)

@@ -25,8 +25,9 @@ class ModelRunner(GuardedRunner):
     With `compiled` (the model under `torch.compile`) every decoding forward runs fixed-shape through it: the rows
     padded to their bucket (`row_bucket`), the tokens to a padded size, the mask over the cache's rounded capacity;
     prompt passes run eager. `guard` (the pair's) decides what a compiled forward that fails does: raise, or turn the
-    pair eager and run it again eager. Each batch (`start`) takes the last batch's fixed buffers, so compiled graphs
-    keep their addresses.
+    pair eager and run it again eager. `row_depths` says which depths the fixed forwards take: every row's own
+    (the target's trees) or one for all rows (the draft's levels). Each batch (`start`) takes the last batch's fixed
+    buffers, so compiled graphs keep their addresses.
     """
 
     def __init__(
@@ -35,8 +36,10 @@ class ModelRunner(GuardedRunner):
         compiled: Callable | None = None,
         guard: CompileGuard | None = None,
         role: str = "model",
+        row_depths: bool = False,
     ):
         super().__init__(adapter, compiled, guard, role)
+        self.row_depths = row_depths
         check_cache(adapter.model.config)
         self.cache = RowCache(adapter.layer_devices(), fixed=compiled is not None)
         self.offsets: list[int] = []
@@ -225,13 +228,15 @@ class ModelRunner(GuardedRunner):
         `counts[b]` tokens of row b enter its cache. Returns the logits (B, q, V)."""
         rows, q = tokens.shape
         cache = self.cache
-        shape = (cache.bucket, padded_size(q), cache.capacity)
-        arguments = (self.adapter.position_ids, cache, tokens, start, depths, visible, cache.starts, shape)
+        slots = arange(padded_size(q), self.device)
+        tokens, visible = _standard(tokens), _standard(visible)
+        depths = _standard(self._depth_form(depths, rows))
+        arguments = (self.adapter.position_ids, cache, tokens, start, depths, visible, cache.starts, slots)
         with tree_attention(self.adapter.language_model.config):
             if self.compiled is None or eager:
                 logits = fixed_forward(self.adapter.model, *arguments)
             else:
-                mark_varying(tokens, start, depths, visible)
+                mark_varying(tokens, start, depths, visible, cache.starts, slots)
                 try:
                     logits = self.compiled(*arguments)
                 except Exception as error:
@@ -240,13 +245,35 @@ class ModelRunner(GuardedRunner):
                     self.guard.fall_back(f"the {self.role}'s compiled {tuple(tokens.shape)} forward", error)
                     logits = fixed_forward(self.adapter.model, *arguments)
         self.cache.commit(counts)
-        logits = logits[:rows, :q]
+        logits = logits[:rows]
         # A CUDA graph's outputs live in its memory pool, which its next replay overwrites.
         return logits.clone() if logits.device.type == "cuda" else logits.to(self.device)
+
+    def _depth_form(self, depths: torch.Tensor, rows: int) -> torch.Tensor:
+        """`depths` in the one form this model's fixed forwards take, so that a graph never compiles again for
+        another rank or stride: every row's own (B, q) where `row_depths` (the target: rows verify trees of their
+        own shapes), else the rows' shared (q,) (a view: `_standard` copies it where its strides are not a
+        contiguous tensor's)."""
+        if self.row_depths:
+            return depths if depths.ndim == 2 else depths.expand(rows, -1)
+        return depths if depths.ndim == 1 else depths[0]
 
     def keep_rows(self, starts: list[int], offsets: torch.Tensor, counts: list[int]) -> None:
         """In each row b, of the entries from `starts[b]` on keep those at its first `counts[b]` `offsets` (B, W)."""
         self.cache.keep_rows(starts, offsets.to(self.device), counts)
+
+
+def _standard(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` with a contiguous tensor's strides, copied only where its own differ (a slice, an expanded view, a
+    row of one whose other strides are not its size's): a compiled graph checks its inputs' strides, even those of a
+    dimension of size 1, and would compile again for each other layout."""
+    strides, stride = [], 1
+    for size in reversed(tensor.shape):
+        strides.append(stride)
+        stride *= size
+    if tensor.stride() == tuple(reversed(strides)):
+        return tensor
+    return tensor.clone(memory_format=torch.contiguous_format)
 
 
 #: Per device, row count and tokens: the causal block every row's tokens see (`_row_visible`), kept.

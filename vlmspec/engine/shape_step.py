@@ -41,10 +41,11 @@ def shape_level(
     child_order: torch.Tensor,
     tokens: torch.Tensor,
     log_probs: torch.Tensor,
-) -> None:
+) -> torch.Tensor:
     """Write `level` of every row's tree of `shape` into its `tokens` and path `log_probs` (B, N): each frontier
     node's children are the ranks of its draft top-k the shape names, from the frontier's log-probabilities and
-    ranking key `child_log_probs`, `child_order` (B, F, V)."""
+    ranking key `child_log_probs`, `child_order` (B, F, V). Returns the level's tokens (B, n), contiguous, as the
+    level's draft forward takes them."""
     rows = tokens.shape[0]
     frontier, new = shape.level(level - 1), shape.level(level)
     top = child_order.topk(top_k, dim=-1)
@@ -63,6 +64,7 @@ def shape_level(
         parents = log_probs[:, frontier][:, parent_rows]
     # The root's path log-probability is 0.
     level_log_probs.copy_(picked if level == 1 else parents + picked)
+    return tokens[:, new].clone(memory_format=torch.contiguous_format)
 
 
 def plain_shape_level(
@@ -73,11 +75,11 @@ def plain_shape_level(
     vocab_limit: int,
     tokens: torch.Tensor,
     log_probs: torch.Tensor,
-) -> None:
+) -> torch.Tensor:
     """`shape_level` from the draft's `logits` (B, F, V) of the frontier, where no row processes them: its
     log-probabilities over the real tokens (below `vocab_limit`) are its ranking key."""
     child_log_probs = plain_log_probs(logits, vocab_limit)
-    shape_level(shape, level, top_k, child_log_probs, child_log_probs, tokens, log_probs)
+    return shape_level(shape, level, top_k, child_log_probs, child_log_probs, tokens, log_probs)
 
 
 SHAPE_ROOT = Captured(shape_root, "shared root")

@@ -176,20 +176,32 @@ class TreeShape:
         """(N,): each node's depth where its whole path is the draft's rank-0 choices, else 0."""
         return self.depths * ~(self.ancestors & (self.ranks != 0)[None, :]).any(dim=1)
 
-    def greedy_depth(self, n: int) -> torch.Tensor:
-        """How far the draft's own top-1 path reaches in the tree's first `n` nodes, () on the device (made once)."""
-        key = ("greedy", n)
+    def greedy_depth(self, n: int, rows: int) -> torch.Tensor:
+        """How far the draft's own top-1 path reaches in the tree's first `n` nodes, for each of `rows` rows (rows,),
+        contiguous, on the device (made once per `n` and `rows`)."""
+        key = ("greedy", n, rows)
         depth = self.blocks.get(key)
         if depth is None:
-            depth = self.blocks[key] = self.greedy_path[:n].amax()
+            depth = self.blocks[key] = self.greedy_path[:n].amax().expand(rows).clone()
         return depth
 
-    def block(self, rows: slice, columns: slice) -> torch.Tensor:
-        """`with_edges(ancestors[rows, columns])`, as batched forwards take it, made once per tree."""
-        key = (rows.start, rows.stop, columns.start, columns.stop)
+    def prefix_ancestors(self, n: int) -> torch.Tensor:
+        """The first `n` nodes' ancestor mask (n, n), contiguous (made once): a slice of the whole tree's would carry
+        its strides, and a compiled step's graph would compile again for each `n` a budget cuts the tree to."""
+        key = ("ancestors", n)
+        ancestors = self.blocks.get(key)
+        if ancestors is None:
+            ancestors = self.blocks[key] = self.ancestors[:n, :n].clone(memory_format=torch.contiguous_format)
+        return ancestors
+
+    def block(self, rows: slice, columns: slice, count: int) -> torch.Tensor:
+        """`with_edges(ancestors[rows, columns])` for each of `count` batch rows (count, q, w + 2), contiguous, as
+        batched forwards take it (a compiled one's graph expects those strides), made once per tree and count."""
+        key = (rows.start, rows.stop, columns.start, columns.stop, count)
         block = self.blocks.get(key)
         if block is None:
-            block = self.blocks[key] = with_edges(self.ancestors[rows, columns])
+            block = with_edges(self.ancestors[rows, columns])
+            block = self.blocks[key] = block.expand(count, -1, -1).clone(memory_format=torch.contiguous_format)
         return block
 
 

@@ -251,7 +251,7 @@ def profile_policy(
     run = _policy_run(runner, inputs, settings, batch_size)
     name = _named(policy, batch_size)
     if spec.compiled:
-        spec.warm_up(new_tokens, batch_size, **inputs)
+        runner.warm_up(new_tokens, batch_size, generation=settings, **inputs)
         traced, (steps, tokens) = _traced_difference(run, new_tokens)
         empty = _full(Counter())
         return Profile(name, config, steps, tokens, empty, empty, traced)
@@ -304,14 +304,13 @@ def recompiles_over_prompts(
     spec: SpeculativeVLM, policy: str, prompts: list[dict], new_tokens: int, config: str, batch_size: int = 1
 ) -> Recompiles:
     """Graphs compiled while `policy` decodes every prompt of `prompts` (one at a time, or streamed `batch_size` at a
-    time: rows finish and join, so the batch meets every smaller bucket), after the pair's warm-up
-    (`SpeculativeVLM.warm_up` on the longest prompt) and one call on the first prompt: every one is a recompile a
-    user meets."""
+    time: rows finish and join, so the batch meets every smaller bucket) under `config`, after the policy's warm-up
+    under it (`SpeculativeVLM.warm_up` on the longest prompt, at every bucket up to `batch_size`): every one is a
+    recompile a user meets."""
     runner = spec.with_options(_ON_ACCELERATORS[policy]() if policy in _ON_ACCELERATORS else policy, pruning=None)
     settings = config_settings(config, None if spec.processor is None else spec.processor.tokenizer)
     longest = max(prompts, key=lambda p: p["input_ids"].shape[1])
-    spec.warm_up(new_tokens, batch_size, **longest)
-    runner.generate(**prompts[0], max_new_tokens=new_tokens, **settings)
+    runner.warm_up(new_tokens, batch_size, generation=settings, **longest)
     before = counters["stats"]["unique_graphs"]
     if batch_size == 1:
         for prompt in prompts:

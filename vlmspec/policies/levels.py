@@ -84,8 +84,9 @@ class LevelRules:
     @staticmethod
     def of(plans: Sequence[TreePlan], reach: list[int], device: torch.device) -> LevelRules:
         """The rules of `plans` (one a row), row b growing at most `reach[b]` levels, on `device`, copied there at
-        once."""
-        levels = max(reach)
+        once. The tables hold at least 2 levels, so that a compiled level's graph (which takes their count as a
+        dynamic size, and 1 as a size of its own) serves every budget."""
+        levels = max(2, *reach)
         rules = [plan.rule(levels) for plan in plans]
         rows, top_k = len(rules), max(rule.top_k for rule in rules)
         distinct = list({id(r.calibration): r.calibration for r in rules if r.calibration is not None}.values())
@@ -137,7 +138,7 @@ class LevelRules:
         the candidates' own log-probabilities `top_log_probs` (B, F, k), sorted. `left` (B,) is how many nodes each
         row may still add (None: its cap cannot bind); a row keeps its best-scoring candidates within it. `kept` is
         `kept(level, F)` where some row is fixed (made here when not given)."""
-        scale, floor = self.widths[level - 1, :, None], self.floors[level - 1, :, None, None]
+        scale, floor = _at_level(self.widths, level)[:, None], _at_level(self.floors, level)[:, None, None]
         width = scale if level == 1 else (parent_log_probs.exp() + 0.5) * scale
         # The root's path log-probability is 0.
         cumulative = top_log_probs if level == 1 else parent_log_probs[:, :, None] + top_log_probs
@@ -187,6 +188,16 @@ class LevelRules:
                 mask = rule.keep[level - 1][:frontier]
                 kept[b, : mask.shape[0], : mask.shape[1]] = mask
         return host_tensor(kept, device)
+
+
+def _at_level(table: torch.Tensor, level: int) -> torch.Tensor:
+    """Row `level - 1` of `table` (levels, B): a view when eager; compiled, selected by comparison with the level
+    (exact: every other level's entry is replaced, not added), so that a graph takes the level as a dynamic number
+    rather than compiling once per level."""
+    if not torch.compiler.is_compiling():
+        return table[level - 1]
+    levels = torch.arange(table.shape[0], device=table.device)[:, None]
+    return torch.where(levels == level - 1, table, 0.0).sum(0)
 
 
 def _index(distinct: list[AcceptanceCalibration], calibration: AcceptanceCalibration | None) -> float:
