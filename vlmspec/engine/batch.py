@@ -165,16 +165,20 @@ class BatchDecoder:
         """Admit `request` alone and run each compiled model's check against eager forwards; then, for every row
         bucket a batch of up to `batch_size` rows meets, admit that many copies of it, run a forward of every padded
         size up to `largest` tokens over them (compiling each), and decode the copies (compiling the step's own
-        regions: growth, acceptance, the gathers): to their end, and with 2 and 3 tokens, whose last steps verify a
-        root alone and a tree one level deep, as every budget's last steps may."""
+        regions: growth, acceptance, the gathers): with 2 and 3 tokens, whose last steps verify a root alone and a
+        tree one level deep, as every budget's last steps may, then with budgets spread up to the request's, so that
+        the rows end apart and the batch meets rows near their budgets beside others, as a stream does."""
         buckets = sorted({row_bucket(rows) for rows in range(1, batch_size + 1)})
+        most = request.settings.max_new_tokens
         for bucket in buckets:
             copies = [replace(request, key=b) for b in range(bucket)]
             if not self._warm_forwards(copies, largest, bucket == 1):
                 return
-            for budget in sorted({2, 3, request.settings.max_new_tokens}):
-                short = [replace(copy, settings=replace(copy.settings, max_new_tokens=budget)) for copy in copies]
-                for _ in self.run(short, bucket):
+            spread = [max(2, most * (bucket - b) // bucket) for b in range(bucket)]
+            for budgets in ([2] * bucket, [3] * bucket, spread):
+                budgeted = zip(copies, budgets, strict=True)
+                rows = [replace(c, settings=replace(c.settings, max_new_tokens=n)) for c, n in budgeted]
+                for _ in self.run(rows, bucket):
                     pass
 
     def _warm_forwards(self, copies: list[RowRequest], largest: int, check: bool) -> bool:

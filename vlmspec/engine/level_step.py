@@ -117,7 +117,7 @@ def choose(
         left = slots.dropped[:, 1 : place.size].sum(1) + (rules.caps - (place.size - 1))
     parent_log_probs = slots.log_probs[:, place.frontier[0] : place.frontier[1]]
     chosen = rules.select(place.level, parent_log_probs, slots.parent_values, top_log_probs, left, kept)
-    if place.cut or torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or place.cut:
         chosen.drop |= (slots.reach < place.level)[:, None, None]
     return Choice(top.indices, chosen, chosen.drop.flatten(1))
 
