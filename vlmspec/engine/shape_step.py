@@ -44,8 +44,8 @@ def shape_level(
 ) -> torch.Tensor:
     """Write `level` of every row's tree of `shape` into its `tokens` and path `log_probs` (B, N): each frontier
     node's children are the ranks of its draft top-k the shape names, from the frontier's log-probabilities and
-    ranking key `child_log_probs`, `child_order` (B, F, V). Returns the level's tokens (B, n), contiguous, as the
-    level's draft forward takes them."""
+    ranking key `child_log_probs`, `child_order` (B, F, V). Returns the level's tokens (B, n) as the level's draft
+    forward takes them: compiled, contiguous (a compiled forward's graph expects those strides); eager, a view."""
     rows = tokens.shape[0]
     frontier, new = shape.level(level - 1), shape.level(level)
     top = child_order.topk(top_k, dim=-1)
@@ -64,7 +64,8 @@ def shape_level(
         parents = log_probs[:, frontier][:, parent_rows]
     # The root's path log-probability is 0.
     level_log_probs.copy_(picked if level == 1 else parents + picked)
-    return tokens[:, new].clone(memory_format=torch.contiguous_format)
+    level_tokens = tokens[:, new]
+    return level_tokens.clone(memory_format=torch.contiguous_format) if torch.compiler.is_compiling() else level_tokens
 
 
 def plain_shape_level(
