@@ -152,14 +152,18 @@ def masked_level(
     kept: torch.Tensor | None,
 ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
     """A masked level of `count` slots at `place`: `choose` then `write`. Returns the new slots' values, and their
-    tokens (B, count) and ancestor rows over the slots written so far and the next (B, count, size + count + 1),
-    contiguous: the tokens and their visibility with its edges (`with_edges`) as the level's draft forward takes
-    them (a compiled one's graph expects those strides)."""
+    tokens (B, count) and ancestor rows over the slots written so far and the next (B, count, size + count + 1):
+    the tokens and their visibility with its edges (`with_edges`) as the level's draft forward takes them
+    (compiled, both with a contiguous tensor's strides, which its graph expects; eager, the tokens a view)."""
     choice = choose(slots, rules, place, child_log_probs, child_order, kept)
     values = write(slots, rules, place, choice, count)
     end = place.size + count
-    fed = slots.tokens[:, place.size : end].clone(memory_format=torch.contiguous_format)
-    return values, fed, slots.ancestors[:, place.size : end, : end + 1].clone(memory_format=torch.contiguous_format)
+    fed, visible = slots.tokens[:, place.size : end], slots.ancestors[:, place.size : end, : end + 1]
+    if not torch.compiler.is_compiling():
+        return values, fed, visible.contiguous()
+    # A compiled forward's graph checks strides, even a size-1 dimension's (which `contiguous` leaves as they are).
+    standard = torch.contiguous_format
+    return values, fed.clone(memory_format=standard), visible.clone(memory_format=standard)
 
 
 def plain_masked_level(
