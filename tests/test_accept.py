@@ -9,7 +9,15 @@ import pytest
 import torch
 from one_tree import accept_sampled, made_tree
 
-from vlmspec.engine.accept import Verdict, accept_greedy_rows, accept_sampled_rows, draw
+from vlmspec.engine.accept import (
+    Verdict,
+    accept_greedy_rows,
+    accept_sampled_rows,
+    draw,
+    draw_with,
+    sampled_verdict,
+    sampling_noise,
+)
 from vlmspec.engine.tree import Tree, Trees, rank_tree_shape
 from vlmspec.testing.distribution import g_test
 
@@ -119,10 +127,9 @@ def test_the_same_test_rejects_a_rule_that_draws_the_bonus_token_with_the_reject
     assert not result.passes(ALPHA)
 
 
-def test_every_row_of_a_batch_emits_its_own_trees_exact_distribution():
-    """Recursive rejection over a batch of trees of one shape, each row with its own tokens and target
-    distributions, rows near their budget with their deeper nodes invalid, all rows drawn at once from the global RNG:
-    what each row emits follows the exact distribution of its own (cut) tree, and never passes its budget."""
+def _rows_near_their_budget() -> tuple[Trees, torch.Tensor, list[int]]:
+    """Three trees of one shape, each row with its own tokens and target distributions (B, N, V), rows near their
+    budget (their depths returned) with their deeper nodes invalid."""
     shape = rank_tree_shape([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]], torch.device("cpu"))
     tokens = torch.tensor([[0, 1, 2, 3, 0, 4, 2], [0, 3, 4, 1, 2, 0, 1], [2, 2, 0, 4, 3, 1, 0]])
     depths = [3, 1, 2]
@@ -132,19 +139,71 @@ def test_every_row_of_a_batch_emits_its_own_trees_exact_distribution():
     probs = torch.rand(3, shape.size, VOCAB, generator=generator)
     probs[0, 1, 2] = 0.0  # a child the target gives no mass, as a warper cuts it
     probs[1, 0] = torch.tensor([0.0, 0.0, 0.0, 0.5, 0.5])  # the root's children cover its support
-    probs = probs / probs.sum(-1, keepdim=True)
+    return trees, probs / probs.sum(-1, keepdim=True), depths
+
+
+def _assert_rows_follow_their_trees(trees: Trees, probs: torch.Tensor, depths: list[int], emitted_rows) -> None:
+    """Each row's emissions follow the exact distribution of its own tree cut at its depth, and never pass it."""
+    for b, depth in enumerate(depths):
+        n = int((trees.depths <= depth).sum())
+        own = Tree(
+            trees.tokens[b, :n], trees.parents[:n], trees.depths[:n], torch.zeros(n), trees.ancestors[:n, :n], depth
+        )
+        assert max(len(tokens) for tokens in emitted_rows[b]) <= depth + 1
+        result = g_test(emitted_rows[b], exact_emissions(own, probs[b, :n]))
+        assert result.impossible == 0 and result.passes(ALPHA), (b, result)
+
+
+def test_every_row_of_a_batch_emits_its_own_trees_exact_distribution():
+    """Recursive rejection over a batch of trees of one shape, rows near their budget, all rows drawn at once from
+    the global RNG: what each row emits follows the exact distribution of its own (cut) tree."""
+    trees, probs, depths = _rows_near_their_budget()
     torch.manual_seed(0)
     emitted_rows: list[list[tuple[int, ...]]] = [[] for _ in depths]
     for _ in range(DRAWS):
         verdict = accept_sampled_rows(trees, probs)
         for b in range(len(depths)):
             emitted_rows[b].append(emitted(trees.row(b), verdict.row(b)))
-    for b, depth in enumerate(depths):
-        n = int((shape.depths <= depth).sum())
-        own = Tree(tokens[b, :n], shape.parents[:n], shape.depths[:n], torch.zeros(n), shape.ancestors[:n, :n], depth)
-        assert max(len(tokens) for tokens in emitted_rows[b]) <= depth + 1
-        result = g_test(emitted_rows[b], exact_emissions(own, probs[b, :n]))
-        assert result.impossible == 0 and result.passes(ALPHA), (b, result)
+    _assert_rows_follow_their_trees(trees, probs, depths, emitted_rows)
+
+
+def test_the_rule_compiled_as_one_region_draws_each_rows_exact_distribution_from_noise_drawn_before_it():
+    """The rule as a compiled region (`sampled_verdict`, no graph break), fed noise drawn outside it: every row's
+    emissions follow its own tree's exact distribution. The draws are rows of one batch (the trees repeated)."""
+    trees, probs, depths = _rows_near_their_budget()
+    rows = len(depths)
+    many = Trees(
+        trees.tokens.repeat(DRAWS, 1),
+        trees.log_probs.repeat(DRAWS, 1),
+        trees.parents,
+        trees.depths,
+        trees.ancestors,
+        trees.depth,
+        trees.valid.repeat(DRAWS, 1),
+    )
+    torch.manual_seed(0)
+    noise = sampling_noise(rows * DRAWS, trees.size, VOCAB)
+    verdict = torch.compile(sampled_verdict, fullgraph=True)(many, probs.repeat(DRAWS, 1, 1), noise)
+    emitted_rows = [[emitted(many.row(i), verdict.row(i)) for i in range(b, rows * DRAWS, rows)] for b in range(rows)]
+    _assert_rows_follow_their_trees(trees, probs, depths, emitted_rows)
+
+
+def test_the_bonus_draw_is_torch_multinomials_draw_from_the_same_random_state():
+    """The bonus token is drawn as `torch.multinomial` draws one sample (argmax of p over Exp(1) noise), so a seeded
+    sampler draws what `generate`'s `torch.multinomial` draws, and leaves the random state where it leaves it."""
+    weights = torch.rand(6, 1000, generator=torch.Generator().manual_seed(0)) ** 4
+    weights[:, ::3] = 0.0
+    for seed in range(5):
+        ours, theirs = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+        for row in weights:
+            assert int(draw(row, ours)) == int(torch.multinomial(row, 1, generator=theirs)[0])
+        assert torch.equal(torch.rand(3, generator=ours), torch.rand(3, generator=theirs))
+        torch.manual_seed(seed)
+        noise = sampling_noise(6, 1, 1000)
+        together = draw_with(weights, noise.exponentials)
+        torch.manual_seed(seed)
+        torch.rand(6, 1)
+        assert together.tolist() == torch.multinomial(weights, 1)[:, 0].tolist()
 
 
 def test_compiled_greedy_acceptance_of_a_wide_tree_equals_eager():

@@ -4,12 +4,28 @@ budget included (their deeper nodes invalid)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from one_tree import accept_greedy, accept_sampled, emitted_tokens
+from transformers import LogitsProcessorList
+from transformers.generation.logits_process import (
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
-from vlmspec.engine.accept import Verdict, accept_greedy_rows, accept_sampled_rows
-from vlmspec.engine.acceptance import RootStatistics, StepReport, emitted_rows, greedy_step, pack_rows
+from vlmspec.engine.accept import Verdict, accept_greedy_rows, accept_sampled_rows, sampling_noise
+from vlmspec.engine.acceptance import (
+    RootStatistics,
+    StepReport,
+    TargetScoring,
+    emitted_rows,
+    pack_rows,
+    scored_step,
+)
 from vlmspec.engine.commit import plan_commit
+from vlmspec.engine.processing import NodeProcessing
 from vlmspec.engine.tree import Tree, Trees, rank_tree_shape
 from vlmspec.policies import RankTreePlan
 from vlmspec.policies.sage import SageConfig, SagePolicy
@@ -128,19 +144,43 @@ def test_packed_rows_equal_each_rows_own_packing():
         assert together[b].tolist() == alone[0].tolist()
 
 
-def test_the_compiled_greedy_step_takes_the_policys_statistics_as_eager_packing_does():
+def test_the_compiled_greedy_acceptance_takes_the_policys_statistics_as_eager_packing_does():
     trees = rows_of(TOKENS)
     logits = torch.randn(3, trees.size, VOCAB, generator=torch.Generator().manual_seed(0))
     root_log_probs = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(1)).log_softmax(-1)
     policy = SagePolicy(SageConfig(top_k=4, width_max=4.0))
     eos, rooms, greedy = torch.tensor([[3], [4], [9]]), torch.tensor([5, 1, 4]), torch.tensor([3, 2, 1])
-    step = torch.compile(greedy_step, fullgraph=True)
-    _, _, packed = step(trees, logits, eos, rooms, greedy, RootStatistics(policy, root_log_probs), True)
+    step = torch.compile(scored_step, fullgraph=True)
+    greedy_scoring = TargetScoring(None, None, sample=False, compact=False)
+    root = RootStatistics(policy, root_log_probs)
+    _, _, packed = step(trees, logits, greedy_scoring, None, eos, rooms, greedy, root, True)
     verdict = accept_greedy_rows(trees, logits.argmax(-1))
     tokens = emitted_rows(trees, verdict)
     statistics = policy.statistics(root_log_probs)
     eager = pack_rows(trees, verdict, tokens, eos, rooms, greedy, statistics, with_tree=True)
     torch.testing.assert_close(packed, eager)
+
+
+@pytest.mark.parametrize("sample", [True, False], ids=["sampled", "greedy"])
+def test_the_compiled_acceptance_under_a_configs_processing_equals_eager(sample):
+    """A released-style config (repetition penalty, temperature, top-k, top-p) as one compiled region: its scores,
+    warped distribution, verdict and packed rows equal eager ones, from the same noise drawn before it."""
+    processors = [RepetitionPenaltyLogitsProcessor(1.3), TemperatureLogitsWarper(0.7), TopKLogitsWarper(8)]
+    processing = NodeProcessing(LogitsProcessorList([*processors, TopPLogitsWarper(0.8)]))
+    trees = rows_of(TOKENS, [3, 1, 2])
+    vocab = 64
+    logits = torch.randn(3, trees.size, vocab, generator=torch.Generator().manual_seed(0))
+    sequences = torch.tensor([[5, 9, 4], [7, 7, 0], [1, 2, 3]])  # each row's tokens so far, ending with its root
+    scoring = TargetScoring(processing, sequences, sample=sample, compact=True)
+    torch.manual_seed(0)
+    noise = sampling_noise(3, trees.size, vocab) if sample else None
+    eos, rooms, greedy = torch.tensor([[3], [4], [9]]), torch.tensor([5, 1, 4]), torch.tensor([3, 2, 1])
+    step = (trees, logits, scoring, noise, eos, rooms, greedy, None, True)
+    eager = scored_step(*step)
+    compiled = torch.compile(scored_step, fullgraph=True)(*step)
+    assert compiled[0].path.tolist() == eager[0].path.tolist()
+    assert compiled[1].tolist() == eager[1].tolist()
+    torch.testing.assert_close(compiled[2], eager[2])
 
 
 def test_the_commit_of_every_row_equals_each_rows_own():

@@ -59,12 +59,61 @@ def accept_greedy_rows(trees: Trees, target_choice: torch.Tensor) -> Verdict:
     return Verdict(path, accepted, target_choice.gather(1, best[:, None])[:, 0])
 
 
+@dataclass
+class SamplingNoise:
+    """The random numbers a sampled step's acceptance consumes, drawn before it (outside any compiled region) in the
+    order and amounts the eager rule draws them: one uniform per node, `uniforms` (B, N) (a row with its own generator
+    draws only its valid nodes', the rest 0), then one Exp(1) draw per vocabulary entry, `exponentials` (B, V), for the
+    bonus token. `torch.multinomial` draws one sample as argmax(p / q) over such q (its fast path), so the bonus token
+    `draw_with` takes is the very token `torch.multinomial` draws from the same random state, and the state moves on
+    alike."""
+
+    uniforms: torch.Tensor
+    exponentials: torch.Tensor
+
+
+def sampling_noise(
+    rows: int,
+    n: int,
+    vocab: int,
+    generators: Sequence[torch.Generator | None] | None = None,
+    sizes: Sequence[int] | None = None,
+    device: torch.device | str = "cpu",
+) -> SamplingNoise:
+    """The noise `rows` trees of `n` nodes over a vocabulary of `vocab` consume (`SamplingNoise`): from the global RNG
+    at once, or row by row from each row's generator (a row's uniforms for its first `sizes[b]` nodes only)."""
+    uniforms = _uniform_rows(rows, n, generators, sizes, device)
+    if generators is None:
+        return SamplingNoise(uniforms, torch.empty(rows, vocab, device=device).exponential_(1))
+    exponentials = torch.stack([exponentials_from(vocab, generator, device) for generator in generators])
+    return SamplingNoise(uniforms, exponentials)
+
+
+def exponentials_from(vocab: int, generator: torch.Generator | None, device: torch.device | str) -> torch.Tensor:
+    """(vocab,) Exp(1) draws from `generator` (or the global RNG), made where the generator draws and moved to
+    `device`."""
+    source = device if generator is None else generator.device
+    return torch.empty(vocab, device=source).exponential_(1, generator=generator).to(device)
+
+
+def draw_with(weights: torch.Tensor, exponentials: torch.Tensor) -> torch.Tensor:
+    """The token (...,) drawn in proportion to `weights` (..., V) by `exponentials` (..., V) (`SamplingNoise`)."""
+    return (weights / exponentials).argmax(-1)
+
+
 def accept_sampled_rows(
     trees: Trees,
     probs: torch.Tensor,
     generators: Sequence[torch.Generator | None] | None = None,
     sizes: Sequence[int] | None = None,
 ) -> Verdict:
+    """`sampled_verdict` with its noise drawn here: from the global RNG, or row b's from `generators[b]` (its first
+    `sizes[b]` nodes' uniforms, its valid ones), as its tree alone would draw them."""
+    rows, n, vocab = probs.shape
+    return sampled_verdict(trees, probs, sampling_noise(rows, n, vocab, generators, sizes, probs.device))
+
+
+def sampled_verdict(trees: Trees, probs: torch.Tensor, noise: SamplingNoise) -> Verdict:
     """Recursive rejection over each node's children, in draft rank order: every row's accepted path and bonus token.
 
     `probs` (B, N, V) is each row's target distribution p (processed) after each of its nodes. At a node, child x_j
@@ -77,21 +126,16 @@ def accept_sampled_rows(
     p(t) in all; (3) every token after the node thus follows p, and the chain rule over the path gives the target's
     distribution of the whole emitted sequence, whatever tree the draft proposed.
 
-    One uniform u per node realises all of its trials at once: x_j is accepted when P_j <= u < P_j + p(x_j), which
-    has the probabilities of (1); all children are rejected when u >= P_{k+1}. Children are deterministic (the
-    draft's top ranks), so no draft probability enters the rule.
-
-    Invalid nodes (`trees.valid`) are not children at all: their mass stays with the bonus draw. Without
-    `generators` all rows draw from the global RNG together; with them, row b draws its uniforms (the first
-    `sizes[b]` nodes', its valid ones) and its bonus token from `generators[b]`, as its tree alone would.
+    One uniform u per node (`noise.uniforms`) realises all of its trials at once: x_j is accepted when
+    P_j <= u < P_j + p(x_j), which has the probabilities of (1); all children are rejected when u >= P_{k+1}.
+    Children are deterministic (the draft's top ranks), so no draft probability enters the rule. The bonus token is
+    drawn with `noise.exponentials` (`draw_with`). Invalid nodes (`trees.valid`) are not children at all: their mass
+    stays with the bonus draw. A pure function of its tensors: nothing is drawn or read here.
     """
     rows, n, vocab = probs.shape
-    if n == 1:
-        # The root alone (a plain step): the bonus token is drawn from p itself. The node's uniform is drawn as a
-        # one-node tree draws it, so a seeded row's stream is the same whether or not other rows drafted.
-        _uniform_rows(rows, 1, generators, sizes, probs.device)
+    if n == 1:  # the root alone (a plain step): the bonus token is drawn from p itself
         nothing = zeros(rows, probs.device)
-        return Verdict(nothing[:, None], nothing, draw_rows(probs[:, 0], generators))
+        return Verdict(nothing[:, None], nothing, draw_with(probs[:, 0], noise.exponentials))
     parents, children = trees.row_parents()[:, 1:], trees.tokens[:, 1:]
     flat = probs.reshape(rows, n * vocab)
     index = parents * vocab + children
@@ -101,15 +145,15 @@ def accept_sampled_rows(
     before = torch.where(earlier_sibling, child_mass[:, None, :], 0.0).sum(-1)
     rest = flat.scatter(1, index, full_mass - child_mass).view(rows, n, vocab)
     total = rest.sum(-1).scatter_add(1, parents, child_mass)
-    u = (_uniform_rows(rows, n, generators, sizes, probs.device) * total).gather(1, parents)
-    accepted = torch.ones(rows, n, dtype=torch.bool, device=probs.device)
-    accepted[:, 1:] = (u >= before) & (u < before + child_mass)
+    u = (noise.uniforms * total).gather(1, parents)
+    trials = (u >= before) & (u < before + child_mass)
+    accepted = torch.cat([torch.ones(rows, 1, dtype=torch.bool, device=probs.device), trials], dim=1)
     path, count, last = deepest_rows(trees, accepted)
     at_last = last[:, None, None].expand(rows, 1, vocab)
     bonus_weights = rest.gather(1, at_last)[:, 0]
     # Children covering the whole support leave no gap in exact arithmetic; a rounding one gets p itself.
     bonus_weights = torch.where(bonus_weights.sum(-1, keepdim=True) > 0, bonus_weights, probs.gather(1, at_last)[:, 0])
-    return Verdict(path, count, draw_rows(bonus_weights, generators))
+    return Verdict(path, count, draw_with(bonus_weights, noise.exponentials))
 
 
 def deepest_rows(trees: Trees, accepted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -146,15 +190,7 @@ def _uniform_rows(
     return u
 
 
-def draw_rows(weights: torch.Tensor, generators: Sequence[torch.Generator | None] | None) -> torch.Tensor:
-    """One token per row drawn in proportion to `weights` (B, V): from the global RNG at once, or each row from its
-    generator."""
-    if generators is None:
-        return torch.multinomial(weights, 1)[:, 0]
-    return torch.stack([draw(weights[b], generator) for b, generator in enumerate(generators)])
-
-
 def draw(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One token drawn in proportion to `weights` (V,), from `generator` (or the global RNG)."""
-    source = weights if generator is None else weights.to(generator.device)
-    return torch.multinomial(source, 1, generator=generator)[0].to(weights.device)
+    """One token drawn in proportion to `weights` (V,), from `generator` (or the global RNG): what
+    `torch.multinomial(weights, 1, generator=generator)` draws, without its host reads."""
+    return draw_with(weights, exponentials_from(weights.shape[0], generator, weights.device))

@@ -18,10 +18,17 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..device_tensors import arange, host_values, trues
-from .accept import Verdict, accept_greedy_rows, accept_sampled_rows
+from .accept import SamplingNoise, Verdict, accept_greedy_rows, accept_sampled_rows, sampled_verdict, sampling_noise
 from .compiled import Captured, GuardedRunner
 from .draft import GrownTrees
-from .processing import NodeProcessing, RowSequences, TargetSampler, same_processing, uniform_processing
+from .processing import (
+    NodeProcessing,
+    RowSequences,
+    TargetSampler,
+    common_processing,
+    same_processing,
+    uniform_processing,
+)
 from .stopping import StringCheck
 from .tree import Tree, Trees
 
@@ -52,6 +59,36 @@ class RootStatistics:
         return self.policy.statistics(self.root_log_probs)
 
 
+@dataclass
+class TargetScoring:
+    """How one compiled region (`scored_step`) turns the target's logits into every row's choices, where all rows share
+    it: their config's `processing` (None: none; else one whose sequence processors read a sequence as a set of ids,
+    `NodeProcessing.batches_rows`), the rows' tokens so far `sequences` (B, T) it reads (None where nothing does),
+    whether the rows `sample`, and whether a sampled top-k's later warpers run on its columns (`compact`)."""
+
+    processing: NodeProcessing | None
+    sequences: torch.Tensor | None
+    sample: bool
+    compact: bool
+
+    @staticmethod
+    def shared(samplers: Sequence[TargetSampler], sequences: RowSequences, compact: bool) -> TargetScoring | None:
+        """The scoring every row of `samplers` shares, with their `sequences`; None where rows differ (in rule or
+        processing) or their processors read more of a sequence than its ids."""
+        rules = {s.do_sample for s in samplers}
+        processings = [s.processing for s in samplers]
+        if len(rules) > 1:
+            return None
+        if uniform_processing(processings):
+            return TargetScoring(None, None, rules.pop(), compact)
+        shared = common_processing(processings)
+        if isinstance(sequences, (list, tuple)) and len(sequences) == 1:
+            sequences = sequences[0]
+        if shared is None or not isinstance(sequences, torch.Tensor):
+            return None
+        return TargetScoring(shared, sequences, rules.pop(), compact)
+
+
 def accept_trees(
     drafted: GrownTrees,
     trees: Trees,
@@ -71,20 +108,30 @@ def accept_trees(
     ways, each keeping its own); a sampled row whose verdict is in doubt (see `NodeProcessing.distribution`,
     `compact`) is accepted again alone from its full rows (a second read, only then). `trees` are `drafted.trees`
     where the target's logits are; `strings` checks the rows' stop strings after each emitted token (None: no row has
-    any). One sequence is a batch of one. With `capture` (the target's runner), greedy rows without processing or stop
-    strings are accepted in one compiled region where the pair runs compiled (`_accept_greedy_captured`), the
-    policy's `statistics` taken in it."""
-    plain = uniform_processing([s.processing for s in samplers])
+    any). One sequence is a batch of one. With `capture` (the target's runner), rows that share their rule and
+    processing (`TargetScoring`) and have no stop strings are accepted in one compiled region where the pair runs
+    compiled (`scored_step`), the policy's `statistics` taken in it, the random numbers drawn before it; eager, the
+    same function serves greedy rows without processing."""
     # A tree of its root alone (a plain step) warps its rows whole, as `generate` does: nothing to compact or doubt.
     compact = compact and trees.size > 1
-    if plain and not any(s.do_sample for s in samplers) and strings is None and capture is not None:
-        return _accept_greedy_captured(capture, drafted, trees, logits, eos_token_ids, rooms, statistics, with_tree)
-    if isinstance(statistics, RootStatistics):
-        statistics = statistics.values()
-    verdict = _verdict(trees, logits, samplers, sequences, drafted.sizes, compact)
-    tokens = emitted_rows(trees, verdict)
-    stops = None if strings is None else strings.hits(tokens)
-    packed = pack_rows(trees, verdict, tokens, eos_token_ids, rooms, drafted.greedy_depth, statistics, with_tree, stops)
+    scoring = None if strings is not None or capture is None else TargetScoring.shared(samplers, sequences, compact)
+    if scoring is not None and not capture.captures and (scoring.sample or scoring.processing is not None):
+        scoring = None  # eager, the rules' own path is leaner (a plain step packs one token from a template)
+    if scoring is not None:
+        noise = _noise(trees, logits, samplers, drafted.sizes) if scoring.sample else None
+        room = host_values(rooms, trees.tokens.device)
+        if capture.captures and trees.size > 1:
+            trees = _one_graph_form(trees)
+        step = (trees, logits, scoring, noise, eos_token_ids, room, drafted.greedy_depth, statistics, with_tree)
+        verdict, tokens, packed = SCORED_STEP(capture, *step)
+    else:
+        if isinstance(statistics, RootStatistics):
+            statistics = statistics.values()
+        verdict = _verdict(trees, logits, samplers, sequences, drafted.sizes, compact)
+        tokens = emitted_rows(trees, verdict)
+        stops = None if strings is None else strings.hits(tokens)
+        step = (trees, verdict, tokens, eos_token_ids, rooms, drafted.greedy_depth, statistics, with_tree, stops)
+        packed = pack_rows(*step)
     accepted = Acceptance(verdict, tokens, read_rows(packed, trees, tokens, with_tree, drafted.sizes))
     for b, report in enumerate(accepted.reports):
         if report.doubt:
@@ -96,13 +143,30 @@ def accept_trees(
                 sequences[b : b + 1],
                 eos_token_ids[b : b + 1],
                 rooms[b : b + 1],
-                None if statistics is None else statistics[b : b + 1],
+                None,
                 with_tree,
                 None if strings is None else strings.row(b),
                 compact=False,
             )
             _replace_row(accepted, b, again)
     return accepted
+
+
+def _one_graph_form(trees: Trees) -> Trees:
+    """`trees` as the compiled acceptance takes them, so that one graph serves every tree: an all-True `valid` (a kept
+    tensor) where all nodes are valid, as capped trees carry one; and at least two levels, since dynamo specialises a
+    depth of 1 (the extra level has no node: its path entry is 0, past what is accepted, as any shallow row's)."""
+    valid = trees.valid if trees.valid is not None else trues(*trees.tokens.shape, trees.tokens.device)
+    return replace(trees, valid=valid, depth=max(trees.depth, 2))
+
+
+def _noise(trees: Trees, logits: torch.Tensor, samplers: Sequence[TargetSampler], sizes: list[int]) -> SamplingNoise:
+    """The random numbers the rows' sampled acceptance consumes (`SamplingNoise`), drawn from the global RNG or each
+    row's own generator, before the step's compiled region."""
+    rows, n, vocab = logits.shape
+    generators = [s.generator for s in samplers]
+    own = None if all(g is None for g in generators) else generators
+    return sampling_noise(rows, n, vocab, own, sizes, logits.device)
 
 
 def _verdict(
@@ -132,48 +196,43 @@ def _verdict(
     return verdict
 
 
-def _accept_greedy_captured(
-    capture: GuardedRunner,
-    drafted: GrownTrees,
+def scored_step(
     trees: Trees,
     logits: torch.Tensor,
-    eos_token_ids: torch.Tensor,
-    rooms: list[int],
-    statistics: RootStatistics | torch.Tensor | None,
-    with_tree: bool,
-) -> Acceptance:
-    """`accept_trees` of rows that all accept greedily, without processing or stop strings: `greedy_step` as one
-    compiled region where `capture` (the target's runner) runs compiled, then the one read. Compiled, trees whose
-    nodes are all valid carry an all-True `valid` (a kept tensor), so one graph serves them and capped trees."""
-    if trees.valid is None and capture.captures and trees.size > 1:
-        trees = replace(trees, valid=trues(*trees.tokens.shape, trees.tokens.device))
-    room = host_values(rooms, trees.tokens.device)
-    step = (trees, logits, eos_token_ids, room, drafted.greedy_depth, statistics, with_tree)
-    verdict, tokens, packed = GREEDY_STEP(capture, *step)
-    return Acceptance(verdict, tokens, read_rows(packed, trees, tokens, with_tree, drafted.sizes))
-
-
-def greedy_step(
-    trees: Trees,
-    logits: torch.Tensor,
+    scoring: TargetScoring,
+    noise: SamplingNoise | None,
     eos_token_ids: torch.Tensor,
     rooms: torch.Tensor,
     greedy_depth: torch.Tensor,
     statistics: RootStatistics | torch.Tensor | None,
     with_tree: bool,
 ) -> tuple[Verdict, torch.Tensor, torch.Tensor]:
-    """Greedy acceptance of every row's tree from the target's `logits` (B, N, V), without processing or stop
-    strings: the verdict, the emitted tokens (B, depth + 1) and the packed rows (`pack_rows`; `rooms` (B,) each row's
-    tokens left; the policy's `statistics` taken here)."""
+    """Every row's acceptance of its tree from the target's `logits` (B, N, V) under the `scoring` all rows share,
+    without stop strings, as a pure function of tensors: the scores under the config's processing, then greedy
+    acceptance or recursive rejection (by `noise`, drawn before), the emitted tokens (B, depth + 1) and the packed rows
+    (`pack_rows`; `rooms` (B,) each row's tokens left; the policy's `statistics` taken here)."""
     if isinstance(statistics, RootStatistics):
         statistics = statistics.values()
-    verdict = accept_greedy_rows(trees, logits.float().argmax(-1))
+    processing, sequences = scoring.processing, scoring.sequences
+    if processing is None:
+        scores = logits.float()
+    else:
+        scores = processing.process_rows(logits, sequences, trees.tokens, trees.ancestors)
+    if scoring.sample:
+        if processing is None:
+            probs, doubt = scores.softmax(-1), None
+        else:
+            probs, doubt = processing.distribution_rows(scores, sequences, scoring.compact)
+        verdict = sampled_verdict(trees, probs, noise)
+        verdict.doubt = doubt
+    else:
+        verdict = accept_greedy_rows(trees, scores.argmax(-1))
     tokens = emitted_rows(trees, verdict)
     return verdict, tokens, pack_rows(trees, verdict, tokens, eos_token_ids, rooms, greedy_depth, statistics, with_tree)
 
 
-#: `greedy_step` as one compiled region while the pair runs compiled.
-GREEDY_STEP = Captured(greedy_step, "greedy acceptance")
+#: `scored_step` as one compiled region while the pair runs compiled.
+SCORED_STEP = Captured(scored_step, "acceptance")
 
 
 def _target_scores(
@@ -230,7 +289,8 @@ def _replace_row(accepted: Acceptance, b: int, again: Acceptance) -> None:
     verdict.accepted[b] = again.verdict.accepted[0]
     verdict.bonus[b] = again.verdict.bonus[0]
     accepted.tokens[b, :depth] = again.tokens[0]
-    accepted.reports[b] = again.reports[0]
+    # The policy's statistics read the draft's root alone, whatever the verdict: the row keeps its first report's.
+    accepted.reports[b] = replace(again.reports[0], statistics=accepted.reports[b].statistics)
 
 
 def _stacked(parts: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -22,7 +22,7 @@ import logging
 import math
 import os
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -279,14 +279,6 @@ class Captured:
                 raise
             runner.guard.fall_back(f"the compiled {self.name}", error)
             return self.function(*args)
-
-
-def mark_rows(rows: int, held: Iterable[tuple[torch.Tensor, int]]) -> None:
-    """Mark each tensor's rows dimension (`held`: tensors and that dimension) dynamic for the compiler, so that one
-    graph of a `Captured` function serves a batch as its `rows` finish (one row is compiled apart)."""
-    if rows > 1:
-        for tensor, dim in held:
-            torch._dynamo.maybe_mark_dynamic(tensor, dim)
 
 
 def _describe(error: BaseException) -> str:

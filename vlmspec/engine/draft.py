@@ -62,17 +62,44 @@ def plain_log_probs(logits: torch.Tensor, vocab_limit: int) -> torch.Tensor:
     return torch.log_softmax(logits[..., :vocab_limit].float(), dim=-1)
 
 
+@dataclass
+class DraftScoring:
+    """How a draft level's compiled region turns the draft's logits into proposal log-probabilities and their ranking
+    key, where every row shares it: the real tokens (below `vocab_limit`), the config's `processing` (None: none; else
+    one whose sequence processors read a sequence as a set of ids) over the rows' tokens so far `sequences` (B, T)
+    (None where nothing reads them)."""
+
+    vocab_limit: int
+    processing: NodeProcessing | None = None
+    sequences: torch.Tensor | None = None
+
+    def log_probs(
+        self,
+        logits: torch.Tensor,
+        tokens: torch.Tensor | None = None,
+        ancestors: torch.Tensor | None = None,
+        depth: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The proposal log-probabilities (B, m, V') of the draft's `logits` (B, m, V) of nodes `depth` deep whose
+        ancestor rows over the trees' `tokens` (B, N) are `ancestors` (m, N) or (B, m, N) (None: the roots), and their
+        ranking key, None where it is the log-probabilities themselves (no warpers)."""
+        made = (self.processing, self.vocab_limit, self.sequences, tokens, ancestors, depth)
+        log_probs, order = proposal_log_probs(logits, *made)
+        return log_probs, None if order is log_probs else order
+
+
 def root_of(
-    logits: torch.Tensor, pending: torch.Tensor, last: torch.Tensor, vocab_limit: int | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's root, the last real one (`last`, (B,)) of its `pending` tokens (B, P), and the draft's logits
-    after it (B, 1, V) from its `logits` (B, P, V), or with `vocab_limit` (where no row processes them) its
-    log-probabilities over the real tokens."""
+    logits: torch.Tensor, pending: torch.Tensor, last: torch.Tensor, scoring: DraftScoring | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Each row's root, the last real one (`last`, (B,)) of its `pending` tokens (B, P), and the draft's logits after
+    it (B, 1, V) from its `logits` (B, P, V), or under `scoring` its proposal log-probabilities and their ranking key
+    (`DraftScoring.log_probs`; without `scoring` the key is None)."""
     rows = logits.shape[0]
     root_logits = logits.gather(1, last[:, None, None].expand(rows, 1, logits.shape[2]))
-    if vocab_limit is not None:
-        root_logits = plain_log_probs(root_logits, vocab_limit)
-    return pending.gather(1, last[:, None])[:, 0], root_logits
+    root = pending.gather(1, last[:, None])[:, 0]
+    if scoring is None:
+        return root, root_logits, None
+    return root, *scoring.log_probs(root_logits)
 
 
 def proposal_log_probs(

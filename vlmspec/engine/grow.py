@@ -15,22 +15,11 @@ import torch
 
 from ..device_tensors import arange, filled, host_values
 from ..policies import LevelRules, TreePlan
-from .compiled import mark_rows
-from .draft import GrownTrees, proposal_log_probs, sequence_proposal_log_probs
-from .level_step import (
-    MASKED_LEVEL,
-    PLAIN_MASKED_LEVEL,
-    ROOT_SLOTS,
-    Choice,
-    Place,
-    Slots,
-    choose,
-    mark_level_rows,
-    write,
-)
+from .draft import DraftScoring, GrownTrees, proposal_log_probs, sequence_proposal_log_probs
+from .level_step import MASKED_LEVEL, ROOT_SLOTS, SCORED_MASKED_LEVEL, Choice, Place, Slots, choose, write
 from .model_runner import ModelRunner
-from .processing import NodeProcessing, RowSequences, same_processing, uniform_processing
-from .shape_step import PLAIN_SHAPE_LEVEL, SHAPE_LEVEL, SHAPE_ROOT
+from .processing import NodeProcessing, RowSequences, common_processing, same_processing, uniform_processing
+from .shape_step import SCORED_SHAPE_LEVEL, SHAPE_LEVEL, SHAPE_ROOT
 from .slot_trees import slot_trees
 from .tree import Trees, TreeShape
 
@@ -52,10 +41,12 @@ class GrowthInputs:
     processings: Sequence[NodeProcessing | None]
     sequences: RowSequences
     plain: bool = field(init=False)
+    scoring: DraftScoring | None = field(init=False)
 
     def __post_init__(self) -> None:
         # Whether no row processes its logits: then every level's log-probabilities come from one operation.
         self.plain = uniform_processing(self.processings)
+        self.scoring = _shared_scoring(self.processings, self.sequences, self.vocab_limit, self.pending.device)
 
     def log_probs(
         self,
@@ -70,6 +61,32 @@ class GrowthInputs:
         return _log_probs(logits, self.plain, processings, sequences, self.vocab_limit, tokens, ancestors, depth)
 
 
+def _shared_scoring(
+    processings: Sequence[NodeProcessing | None], sequences: RowSequences, vocab_limit: int, device: torch.device
+) -> DraftScoring | None:
+    """The `DraftScoring` every row shares, taken in the levels' compiled regions: none where no row processes its
+    logits; else the one processing all rows share, over their `(B, T)` tokens so far on the draft's `device`. None
+    where rows differ or their processors read more of a sequence than its ids (then row by row, eager)."""
+    if uniform_processing(processings):
+        return DraftScoring(vocab_limit)
+    shared = common_processing(processings)
+    if isinstance(sequences, (list, tuple)) and len(sequences) == 1:
+        sequences = sequences[0]
+    if shared is None or not isinstance(sequences, torch.Tensor) or sequences.device != device:
+        return None
+    return DraftScoring(vocab_limit, shared, sequences)
+
+
+def _root_scores(
+    inputs: GrowthInputs, root_scores: torch.Tensor, root_order: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The roots' proposal log-probabilities and ranking key (B, 1, V'), from what the root's region returned: taken
+    there under the rows' shared scoring (a key of None is the log-probabilities), else from the root's logits here."""
+    if inputs.scoring is None:
+        return inputs.log_probs(root_scores)
+    return root_scores, root_scores if root_order is None else root_order
+
+
 def draft_rows(inputs: GrowthInputs, shape: TreeShape, top_k: int) -> GrownTrees:
     """Grow every row's tree of `shape` with one draft forward per level over all rows, row b at most
     `inputs.max_depths[b]` levels (the others' deeper nodes invalid)."""
@@ -77,26 +94,24 @@ def draft_rows(inputs: GrowthInputs, shape: TreeShape, top_k: int) -> GrownTrees
     depth = min(shape.depth, max(inputs.max_depths))
     n = shape.level_ends[depth]
     logits, last, start, fed_tokens = _root_forward(inputs)
-    root = (logits, inputs.pending, last, start, n, inputs.vocab_limit if inputs.plain else None)
-    root_logits, root_position, tokens, log_probs = SHAPE_ROOT(inputs.draft, *root)
-    root_log_probs, root_order = (root_logits, root_logits) if inputs.plain else inputs.log_probs(root_logits)
+    root = (logits, inputs.pending, last, start, n, inputs.scoring)
+    *scores, root_position, tokens, log_probs = SHAPE_ROOT(inputs.draft, *root)
+    root_log_probs, root_order = _root_scores(inputs, *scores)
     frontier: torch.Tensor | tuple[torch.Tensor, torch.Tensor] = (root_log_probs, root_order)
     cached_depth, forwards = 0, 1
     for level in range(1, depth + 1):
         new = shape.level(level)
         if isinstance(frontier, torch.Tensor):
-            mark_rows(rows, [(frontier, 0), (tokens, 0), (log_probs, 0)])
-            made = (frontier, inputs.vocab_limit, tokens, log_probs)
-            fed = PLAIN_SHAPE_LEVEL(inputs.draft, shape, level, top_k, *made)
+            made = (frontier, inputs.scoring, tokens, log_probs)
+            fed = SCORED_SHAPE_LEVEL(inputs.draft, shape, level, top_k, *made)
         else:
-            mark_rows(rows, [(tensor, 0) for tensor in (*frontier, tokens, log_probs)])
             fed = SHAPE_LEVEL(inputs.draft, shape, level, top_k, *frontier, tokens, log_probs)
         if level == depth:
             break
         visible = shape.block(new, slice(1, new.stop), rows)
         logits = inputs.draft.forward_rows(fed, shape.depths[new], root_position, visible)
         forwards, fed_tokens = forwards + 1, fed_tokens + rows * (new.stop - new.start)
-        if inputs.plain:  # the level's log-probabilities are taken in its compiled region
+        if inputs.scoring is not None:  # the level's log-probabilities are taken in the next level's region
             frontier = logits
         else:
             ancestors = shape.ancestors[new, : new.stop]
@@ -163,11 +178,10 @@ def draft_own_trees(inputs: GrowthInputs, plans: Sequence[TreePlan]) -> GrownTre
     logits, last, start, fed_tokens = _root_forward(inputs)
     capacity = 1 + levels * max(plan.max_nodes for plan in plans)
     rules = LevelRules.of(plans, row_depths, device)
-    plain = inputs.vocab_limit if inputs.plain else None
-    root = (logits, inputs.pending, last, start, rules.reach, capacity, plain)
-    root_logits, root_position, slots = ROOT_SLOTS(inputs.draft, *root)
+    root = (logits, inputs.pending, last, start, rules.reach, capacity, inputs.scoring)
+    *scores, root_position, slots = ROOT_SLOTS(inputs.draft, *root)
     growth = _Growth(slots, min(row_depths), _Selection.of(plans, rules, masked))
-    root_log_probs, root_order = (root_logits, root_logits) if inputs.plain else inputs.log_probs(root_logits)
+    root_log_probs, root_order = _root_scores(inputs, *scores)
     frontier: torch.Tensor | tuple[torch.Tensor, torch.Tensor] = (root_log_probs, root_order)
     cached_depth, forwards = 0, 1
     for level in range(1, levels + 1):
@@ -184,7 +198,7 @@ def draft_own_trees(inputs: GrowthInputs, plans: Sequence[TreePlan]) -> GrownTre
             fed = slots.tokens[:, new], slots.ancestors[:, new, : growth.size + 1]
         logits = inputs.draft.forward_rows(fed[0], filled(level, count, device), root_position, fed[1])
         forwards, fed_tokens = forwards + 1, fed_tokens + rows * count
-        if masked and inputs.plain:  # the level's log-probabilities are taken in its compiled region
+        if masked and inputs.scoring is not None:  # the level's log-probabilities are taken in the next level's region
             frontier = logits
         else:
             tokens, ancestors = slots.tokens[:, : growth.size], slots.ancestors[:, new, : growth.size]
@@ -253,13 +267,11 @@ def _grow_level(
         if count == 0:
             return 0, False, None
         place = growth.place(level, count)
-        kept = None if rules.free is None else rules.kept(level, frontier_size, slots.tokens.device)
+        kept = rules.kept(level, frontier_size, slots.tokens.device) if rules.fixed else None
         if isinstance(frontier, torch.Tensor):
-            mark_level_rows(slots, rules, frontier)
-            made = (frontier, inputs.vocab_limit, kept)
-            slots.parent_values, *fed = PLAIN_MASKED_LEVEL(inputs.draft, slots, rules, place, count, *made)
+            made = (frontier, inputs.scoring, kept)
+            slots.parent_values, *fed = SCORED_MASKED_LEVEL(inputs.draft, slots, rules, place, count, *made)
         else:
-            mark_level_rows(slots, rules, *frontier)
             slots.parent_values, *fed = MASKED_LEVEL(inputs.draft, slots, rules, place, count, *frontier, kept)
         return count, True, tuple(fed)
     place = growth.place(level, bound)

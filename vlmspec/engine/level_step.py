@@ -2,11 +2,10 @@
 candidates each row keeps (`choose`) and their writing into the padded levels (`write`).
 
 A masked level holds a number of slots known on the host, so the draft's log-probabilities, the choice and the
-writing run as one function of the level's inputs (`masked_level`, or `plain_masked_level` from the draft's logits
-where no row processes them), one compiled region where the pair runs compiled (`MASKED_LEVEL`,
-`PLAIN_MASKED_LEVEL`): a static graph first, then ones whose frontier, slots and rows are symbolic (the rows marked
-from the start, `mark_level_rows`), so trees of other widths share them; the level number and whether a node cap binds
-still specialise a graph.
+writing run as one function of the level's inputs (`masked_level`, or `scored_masked_level` from the draft's logits
+where every row shares its processing, `DraftScoring`), one compiled region where the pair runs compiled
+(`MASKED_LEVEL`, `SCORED_MASKED_LEVEL`) whose frontier, slots and rows are symbolic (`compiled.Captured`), so trees
+of other widths share a graph; whether a node cap binds still specialises one.
 """
 
 from __future__ import annotations
@@ -16,9 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from ..policies import LevelChoice, LevelRules
-from . import compiled
 from .compiled import Captured
-from .draft import plain_log_probs, root_of
+from .draft import DraftScoring, root_of
 
 
 @dataclass
@@ -60,14 +58,14 @@ def root_slots(
     start: torch.Tensor,
     reach: torch.Tensor,
     capacity: int,
-    vocab_limit: int | None,
-) -> tuple[torch.Tensor, torch.Tensor, Slots]:
+    scoring: DraftScoring | None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, Slots]:
     """From the draft's `logits` (B, P, V) over each row's `pending` tokens (B, P), the last real one (`last`, (B,))
-    its root: the root's logits (B, 1, V), or with `vocab_limit` (where no row processes them) its log-probabilities
-    over the real tokens; the roots' positions (`start` (B,) plus `last`); and the `capacity` slots holding the roots
-    (`Slots.start`)."""
-    root, root_logits = root_of(logits, pending, last, vocab_limit)
-    return root_logits, start + last, Slots.start(root, capacity, reach)
+    its root: the root's logits (B, 1, V), or under `scoring` (where every row shares it) its proposal
+    log-probabilities and their ranking key (`root_of`); the roots' positions (`start` (B,) plus `last`); and the
+    `capacity` slots holding the roots (`Slots.start`)."""
+    root, root_scores, root_order = root_of(logits, pending, last, scoring)
+    return root_scores, root_order, start + last, Slots.start(root, capacity, reach)
 
 
 ROOT_SLOTS = Captured(root_slots, "draft root")
@@ -166,31 +164,25 @@ def masked_level(
     return values, fed.clone(memory_format=standard), visible.clone(memory_format=standard)
 
 
-def plain_masked_level(
+def scored_masked_level(
     slots: Slots,
     rules: LevelRules,
     place: Place,
     count: int,
     logits: torch.Tensor,
-    vocab_limit: int,
+    scoring: DraftScoring,
     kept: torch.Tensor | None,
 ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
-    """`masked_level` from the draft's `logits` (B, F, V) of the frontier, where no row processes them: its
-    log-probabilities over the real tokens (below `vocab_limit`) are its ranking key."""
-    log_probs = plain_log_probs(logits, vocab_limit)
-    return masked_level(slots, rules, place, count, log_probs, log_probs, kept)
+    """`masked_level` from the draft's `logits` (B, F, V) of the frontier, under the `scoring` every row shares: the
+    frontier's proposal log-probabilities and ranking key are taken here, in the level's region."""
+    known = slots.tokens[:, : place.size]
+    ancestors = slots.ancestors[:, place.frontier[0] : place.frontier[1], : place.size]
+    log_probs, order = scoring.log_probs(logits, known, ancestors, place.level - 1)
+    return masked_level(slots, rules, place, count, log_probs, log_probs if order is None else order, kept)
 
 
 MASKED_LEVEL = Captured(masked_level, "draft level")
-PLAIN_MASKED_LEVEL = Captured(plain_masked_level, "plain draft level")
-
-
-def mark_level_rows(slots: Slots, rules: LevelRules, *frontier: torch.Tensor) -> None:
-    """Mark the rows' dimension of a masked level's inputs (the slots, the rules and the `frontier`'s tensors, rows
-    first) dynamic for the compiler (`compiled.mark_rows`)."""
-    fields = (slots.tokens, slots.log_probs, slots.candidates, slots.dropped, slots.ancestors, slots.reach)
-    held = [(tensor, 0) for tensor in (*fields, slots.parent_values, *frontier) if tensor is not None]
-    compiled.mark_rows(slots.tokens.shape[0], held + rules.row_dims())
+SCORED_MASKED_LEVEL = Captured(scored_masked_level, "scored draft level")
 
 
 def _gather_into(target: torch.Tensor, source: torch.Tensor, index: torch.Tensor) -> None:

@@ -1,16 +1,15 @@
 """One level of a tree whose shape every row shares (`grow.draft_rows`: a chain, a static tree), on tensors only: each
 frontier node's children are the ranks of its draft top-k the shape names, written as views where the shape keeps
-every frontier node's first ranks. A level is one function of its inputs (`shape_level`, or `plain_shape_level`
-from the draft's logits where no row processes them), and so is the root (`shape_root`): each one compiled region
-where the pair runs compiled (`SHAPE_LEVEL`, `PLAIN_SHAPE_LEVEL`, `SHAPE_ROOT`), with the rows marked dynamic
-(`compiled.mark_rows`)."""
+every frontier node's first ranks. A level is one function of its inputs (`shape_level`, or `scored_shape_level`
+from the draft's logits where every row shares its processing, `DraftScoring`), and so is the root (`shape_root`):
+each one compiled region where the pair runs compiled (`SHAPE_LEVEL`, `SCORED_SHAPE_LEVEL`, `SHAPE_ROOT`)."""
 
 from __future__ import annotations
 
 import torch
 
 from .compiled import Captured
-from .draft import plain_log_probs, root_of
+from .draft import DraftScoring, root_of
 from .tree import TreeShape
 
 
@@ -20,17 +19,17 @@ def shape_root(
     last: torch.Tensor,
     start: torch.Tensor,
     n: int,
-    vocab_limit: int | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    scoring: DraftScoring | None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor]:
     """From the draft's `logits` (B, P, V) over each row's `pending` tokens (B, P), the last real one (`last`, (B,))
-    its root: the root's logits (B, 1, V), or with `vocab_limit` (where no row processes them) its log-probabilities
-    over the real tokens; the roots' positions (`start` (B,) plus `last`); and the `n` nodes' tokens and path
-    log-probabilities (B, n), the root's written (its path log-probability 0)."""
+    its root: the root's logits (B, 1, V), or under `scoring` (where every row shares it) its proposal
+    log-probabilities and their ranking key (`root_of`); the roots' positions (`start` (B,) plus `last`); and the `n`
+    nodes' tokens and path log-probabilities (B, n), the root's written (its path log-probability 0)."""
     rows = logits.shape[0]
-    root, root_logits = root_of(logits, pending, last, vocab_limit)
+    root, root_scores, root_order = root_of(logits, pending, last, scoring)
     tokens = torch.empty(rows, n, dtype=torch.long, device=logits.device)
     tokens[:, 0] = root
-    return root_logits, start + last, tokens, torch.zeros(rows, n, device=logits.device)
+    return root_scores, root_order, start + last, tokens, torch.zeros(rows, n, device=logits.device)
 
 
 def shape_level(
@@ -68,21 +67,24 @@ def shape_level(
     return level_tokens.clone(memory_format=torch.contiguous_format) if torch.compiler.is_compiling() else level_tokens
 
 
-def plain_shape_level(
+def scored_shape_level(
     shape: TreeShape,
     level: int,
     top_k: int,
     logits: torch.Tensor,
-    vocab_limit: int,
+    scoring: DraftScoring,
     tokens: torch.Tensor,
     log_probs: torch.Tensor,
 ) -> torch.Tensor:
-    """`shape_level` from the draft's `logits` (B, F, V) of the frontier, where no row processes them: its
-    log-probabilities over the real tokens (below `vocab_limit`) are its ranking key."""
-    child_log_probs = plain_log_probs(logits, vocab_limit)
-    return shape_level(shape, level, top_k, child_log_probs, child_log_probs, tokens, log_probs)
+    """`shape_level` from the draft's `logits` (B, F, V) of the frontier, under the `scoring` every row shares: the
+    frontier's proposal log-probabilities and ranking key are taken here, in the level's region."""
+    frontier = shape.level(level - 1)
+    ancestors = shape.ancestors[frontier, : frontier.stop]
+    child_log_probs, order = scoring.log_probs(logits, tokens[:, : frontier.stop], ancestors, level - 1)
+    child_order = child_log_probs if order is None else order
+    return shape_level(shape, level, top_k, child_log_probs, child_order, tokens, log_probs)
 
 
 SHAPE_ROOT = Captured(shape_root, "shared root")
 SHAPE_LEVEL = Captured(shape_level, "shared level")
-PLAIN_SHAPE_LEVEL = Captured(plain_shape_level, "plain shared level")
+SCORED_SHAPE_LEVEL = Captured(scored_shape_level, "scored shared level")

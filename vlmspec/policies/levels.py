@@ -65,7 +65,8 @@ class LevelRules:
     its forward price (`price`, (2, B)), continuation (B,), whether its first child is judged by value (`judged`,
     (B,) bool: not exploring) and which calibration it uses (`calibrations` (B,): an index into the distinct ones, -1
     for none); where some row is fixed or of a smaller top-k, which rows judge (`free`, (B,) bool: not fixed). Also
-    the rows' largest top-k, its ranks as floats (k,), and the host's rules."""
+    the rows' largest top-k, its ranks as floats (k,), each row's own top-k (`top_ks`, (B,) float), and the host's
+    rules."""
 
     rules: list[RowRule]
     top_k: int
@@ -74,6 +75,7 @@ class LevelRules:
     caps: torch.Tensor
     reach: torch.Tensor
     ranks: torch.Tensor
+    top_ks: torch.Tensor
     price: torch.Tensor | None = None
     continuation: torch.Tensor | None = None
     judged: torch.Tensor | None = None
@@ -94,6 +96,7 @@ class LevelRules:
         values += [rule.floors[level] for level in range(levels) for rule in rules]
         # A fixed tree's mask is its cap (a cut by score would drop its children the warpers cut, of score -inf).
         values += [math.inf if rule.keep is not None else rule.max_nodes for rule in rules] + list(reach)
+        values += [rule.top_k for rule in rules]
         if distinct:
             values += [rule.forward_price[0] for rule in rules] + [rule.forward_price[1] for rule in rules]
             values += [0.0 if rule.calibration is None else rule.calibration.continuation for rule in rules]
@@ -105,19 +108,18 @@ class LevelRules:
         held = host_values(values, device, torch.float32)
         table, tail = held[: 2 * levels * rows].view(2, levels, rows), held[2 * levels * rows :].view(-1, rows)
         ranks = arange(top_k, device).float()
-        made = LevelRules(rules, top_k, table[0], table[1], tail[0], tail[1], ranks)
+        made = LevelRules(rules, top_k, table[0], table[1], tail[0], tail[1], ranks, tail[2])
         if distinct:
-            made.price, made.continuation, made.judged, made.calibrations = tail[2:4], tail[4], tail[5] > 0, tail[6]
+            made.price, made.continuation, made.judged, made.calibrations = tail[3:5], tail[5], tail[6] > 0, tail[7]
             made.tables = [(calibration, calibration.table(device)) for calibration in distinct]
         if shaped:
             made.free = tail[-1] > 0
         return made
 
-    def row_dims(self) -> list[tuple[torch.Tensor, int]]:
-        """Every tensor of the rules with a dimension over the rows, and that dimension."""
-        held = [(self.widths, 1), (self.floors, 1), (self.caps, 0), (self.reach, 0), (self.price, 1)]
-        held += [(tensor, 0) for tensor in (self.continuation, self.judged, self.calibrations, self.free)]
-        return [(tensor, dim) for tensor, dim in held if tensor is not None]
+    @property
+    def fixed(self) -> bool:
+        """Whether some row grows a fixed tree (its levels' masks are its rule)."""
+        return any(rule.keep is not None for rule in self.rules)
 
     @property
     def valued(self) -> bool:
@@ -137,7 +139,9 @@ class LevelRules:
         log-probabilities and values (B, F; values None at the first level, whose parent is the root, worth 1) and
         the candidates' own log-probabilities `top_log_probs` (B, F, k), sorted. `left` (B,) is how many nodes each
         row may still add (None: its cap cannot bind); a row keeps its best-scoring candidates within it. `kept` is
-        `kept(level, F)` where some row is fixed (made here when not given)."""
+        `kept(level, F)` where some row is fixed (made here when not given); otherwise each row's ranks past its own
+        top-k are dropped on the device, and always when compiled (a no-op where every row's top-k is the largest),
+        so that one graph serves rows of one top-k and of several."""
         scale, floor = _at_level(self.widths, level)[:, None], _at_level(self.floors, level)[:, None, None]
         width = scale if level == 1 else (parent_log_probs.exp() + 0.5) * scale
         # The root's path log-probability is 0.
@@ -147,9 +151,11 @@ class LevelRules:
         drop = (self.ranks >= width[:, :, None]) | (scores <= floor)
         if values is not None and level == 1:
             drop[:, 0, 0] &= self.judged
-        if self.free is not None:
+        if self.fixed:
             kept = self.kept(level, drop.shape[1], drop.device) if kept is None else kept
             drop = (drop & self.free[:, None, None]) | ~kept
+        elif self.free is not None or torch.compiler.is_compiling():
+            drop |= self.ranks >= self.top_ks[:, None, None]
         if left is not None:
             drop |= _past_cap(scores, drop, left)
         return LevelChoice(cumulative, scores, values, drop)
