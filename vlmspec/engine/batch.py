@@ -167,7 +167,8 @@ class BatchDecoder:
         size up to `largest` tokens over them (compiling each), and decode the copies (compiling the step's own
         regions: growth, acceptance, the gathers): with 2 and 3 tokens, whose last steps verify a root alone and a
         tree one level deep, as every budget's last steps may, then with budgets spread up to the request's, so that
-        the rows end apart and the batch meets rows near their budgets beside others, as a stream does."""
+        the rows end apart and the batch meets rows near their budgets beside others, as a stream does; then twice
+        that many rows, so that rows join as others end (a row's first plan beside others' own)."""
         buckets = sorted({row_bucket(rows) for rows in range(1, batch_size + 1)})
         most = request.settings.max_new_tokens
         for bucket in buckets:
@@ -175,9 +176,14 @@ class BatchDecoder:
             if not self._warm_forwards(copies, largest, bucket == 1):
                 return
             spread = [max(2, most * (bucket - b) // bucket) for b in range(bucket)]
-            for budgets in ([2] * bucket, [3] * bucket, spread):
-                budgeted = zip(copies, budgets, strict=True)
-                rows = [replace(c, settings=replace(c.settings, max_new_tokens=n)) for c, n in budgeted]
+            runs = [[2] * bucket, [3] * bucket, spread]
+            if bucket > 1:  # twice the rows: later ones join as others end, their first plans beside others' own
+                runs.append(spread + spread)
+            for budgets in runs:
+                rows = [
+                    replace(request, key=b, settings=replace(request.settings, max_new_tokens=n))
+                    for b, n in enumerate(budgets)
+                ]
                 for _ in self.run(rows, bucket):
                     pass
 

@@ -105,12 +105,16 @@ def choose(
     """Which candidates among its frontier's top-k (by the ranking key `child_order`, of log-probabilities
     `child_log_probs` (B, F, V)) each row drops at `place`: those its rule (`kept`: the fixed rows' masks, see
     `LevelRules.kept`), its reach and its node cap reject. Compiled, the reach is applied whether or not `place`
-    says some row's ends above the level (where none does it drops nothing), so that one graph serves both."""
+    says some row's ends above the level (where none does it drops nothing), and so is the node cap where no row is
+    valued, so that one graph serves both. A cap that cannot bind drops nothing there: every kept candidate scores
+    above the dropped ones, and where a level holds fewer slots than a row keeps (the first level, its caps all
+    equal) the best by score are its first by rank, as eager writing takes them. A valued row's scores need not
+    follow its ranks, so with one the cap stays a host branch."""
     top = child_order.topk(rules.top_k, dim=-1)
     # Ranked by the log-probabilities themselves (no warpers), the top values are theirs.
     top_log_probs = top.values if child_order is child_log_probs else child_log_probs.gather(-1, top.indices)
     left = None
-    if place.capped:
+    if (torch.compiler.is_compiling() and not rules.valued) or place.capped:
         # Each row keeps its best children within what it has left.
         left = slots.dropped[:, 1 : place.size].sum(1) + (rules.caps - (place.size - 1))
     parent_log_probs = slots.log_probs[:, place.frontier[0] : place.frontier[1]]

@@ -64,7 +64,8 @@ class LevelRules:
     tree, whose mask is its cap) and how many levels the row may grow (`reach`), (B,) each; where some row is valued,
     its forward price (`price`, (2, B)), continuation (B,), whether its first child is judged by value (`judged`,
     (B,) bool: not exploring) and which calibration it uses (`calibrations` (B,): an index into the distinct ones, -1
-    for none); where some row is fixed or of a smaller top-k, which rows judge (`free`, (B,) bool: not fixed). Also
+    for none); where some row is fixed or of a smaller top-k, which rows judge (`free`, (B,) bool: not fixed), and
+    whether some row is fixed (`fixed`, a host bool: a compiled level guards on it, not on the rules). Also
     the rows' largest top-k, its ranks as floats (k,), each row's own top-k (`top_ks`, (B,) float), and the host's
     rules."""
 
@@ -81,6 +82,7 @@ class LevelRules:
     judged: torch.Tensor | None = None
     calibrations: torch.Tensor | None = None
     free: torch.Tensor | None = None
+    fixed: bool = False
     tables: list[tuple[AcceptanceCalibration, tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=list)
 
     @staticmethod
@@ -114,12 +116,8 @@ class LevelRules:
             made.tables = [(calibration, calibration.table(device)) for calibration in distinct]
         if shaped:
             made.free = tail[-1] > 0
+        made.fixed = any(rule.keep is not None for rule in rules)
         return made
-
-    @property
-    def fixed(self) -> bool:
-        """Whether some row grows a fixed tree (its levels' masks are its rule)."""
-        return any(rule.keep is not None for rule in self.rules)
 
     @property
     def valued(self) -> bool:
@@ -154,7 +152,7 @@ class LevelRules:
         if self.fixed:
             kept = self.kept(level, drop.shape[1], drop.device) if kept is None else kept
             drop = (drop & self.free[:, None, None]) | ~kept
-        elif self.free is not None or torch.compiler.is_compiling():
+        elif torch.compiler.is_compiling() or self.free is not None:
             drop |= self.ranks >= self.top_ks[:, None, None]
         if left is not None:
             drop |= _past_cap(scores, drop, left)
