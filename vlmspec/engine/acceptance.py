@@ -118,12 +118,8 @@ def accept_trees(
     if scoring is not None and not capture.captures and (scoring.sample or scoring.processing is not None):
         scoring = None  # eager, the rules' own path is leaner (a plain step packs one token from a template)
     if scoring is not None:
-        noise = _noise(trees, logits, samplers, drafted.sizes) if scoring.sample else None
-        room = host_values(rooms, trees.tokens.device)
-        if capture.captures and trees.size > 1:
-            trees = _one_graph_form(trees)
-        step = (trees, logits, scoring, noise, eos_token_ids, room, drafted.greedy_depth, statistics, with_tree)
-        verdict, tokens, packed = SCORED_STEP(capture, *step)
+        made = (drafted, trees, logits, samplers, eos_token_ids, rooms, statistics, with_tree)
+        trees, verdict, tokens, packed = _accept_scored(capture, scoring, *made)
     else:
         if isinstance(statistics, RootStatistics):
             statistics = statistics.values()
@@ -150,6 +146,28 @@ def accept_trees(
             )
             _replace_row(accepted, b, again)
     return accepted
+
+
+def _accept_scored(
+    capture: GuardedRunner,
+    scoring: TargetScoring,
+    drafted: GrownTrees,
+    trees: Trees,
+    logits: torch.Tensor,
+    samplers: Sequence[TargetSampler],
+    eos_token_ids: torch.Tensor,
+    rooms: list[int],
+    statistics: RootStatistics | torch.Tensor | None,
+    with_tree: bool,
+) -> tuple[Trees, Verdict, torch.Tensor, torch.Tensor]:
+    """`scored_step` of every row (one compiled region where `capture` runs compiled), its noise drawn first: the
+    trees as it took them, the verdict, the emitted tokens and the packed rows."""
+    noise = _noise(trees, logits, samplers, drafted.sizes) if scoring.sample else None
+    room = host_values(rooms, trees.tokens.device)
+    if capture.captures and trees.size > 1:
+        trees = _one_graph_form(trees)
+    step = (trees, logits, scoring, noise, eos_token_ids, room, drafted.greedy_depth, statistics, with_tree)
+    return trees, *SCORED_STEP(capture, *step)
 
 
 def _one_graph_form(trees: Trees) -> Trees:
