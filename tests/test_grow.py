@@ -46,8 +46,8 @@ def _tree(grown, b: int) -> tuple[list[int], list[int], list[float]]:
     return tree.tokens.tolist(), tree.parents.tolist(), tree.log_probs.tolist()
 
 
-def _sage(width: float = 4.0, masked: bool = False) -> AdaptiveTreePlan:
-    return AdaptiveTreePlan(depth=4, width=width, max_nodes=20, top_k=6, threshold_scale=0.05, masked=masked)
+def _sage(width: float = 4.0, masked: bool = False, max_nodes: int = 20, top_k: int = 6) -> AdaptiveTreePlan:
+    return AdaptiveTreePlan(depth=4, width=width, max_nodes=max_nodes, top_k=top_k, threshold_scale=0.05, masked=masked)
 
 
 def _sage_gt(explore: bool = False) -> CostAwareTreePlan:
@@ -79,9 +79,19 @@ def test_a_batch_mixing_plans_gives_each_row_the_tree_it_grows_alone(plans):
         assert _tree(together, b) == _tree(alone, 0)
 
 
-def test_masked_levels_grown_as_compiled_regions_are_the_levels_grown_eager():
-    plans = [RankTreePlan(SPECVLM_TREE), _sage(masked=True), _sage(2.0, masked=True), _sage_gt()]
-    roots = [1, 4, 7, 2]
+@pytest.mark.parametrize(
+    "plans",
+    [
+        [RankTreePlan(SPECVLM_TREE), _sage(masked=True), _sage(2.0, masked=True), _sage_gt()],
+        [_sage(masked=True, max_nodes=3), _sage(2.0, masked=True, max_nodes=3), _sage(8.0, masked=True, max_nodes=3)],
+        [_sage(masked=True, max_nodes=7), _sage(2.0, masked=True, top_k=3), _sage(8.0, masked=True, max_nodes=5)],
+    ],
+    ids=["fixed-sage-and-valued", "caps-that-bind", "own-caps-and-top-ks"],
+)
+def test_masked_levels_grown_as_compiled_regions_are_the_levels_grown_eager(plans):
+    """Compiled, a level applies the node cap and each row's own top-k whether or not they bind (where no row is
+    valued): the trees are those eager levels grow."""
+    roots = [1, 4, 7, 2][: len(plans)]
     compiled, eager = _grow(plans, roots, captures=True), _grow(plans, roots)
     for b in range(len(plans)):
         (tokens, parents, log_probs), (eager_tokens, eager_parents, eager_log_probs) = (

@@ -5,8 +5,10 @@ accepted path for the caches, the policy's statistics). A fixed number of operat
 
 A row near its token budget drafts the same levels as the others; its nodes past what the budget allows are
 invalid (never accepted), and a row with its own generator draws only its valid nodes' uniforms, so it decodes as
-it would alone. Rows whose generation config has logits processors process their logits row by row (the
-processors see each node's own sequence); without processors nothing here loops over rows.
+it would alone. Rows that share their rule and a processing whose sequence processors read a sequence as a set of
+ids (none, or the released configs' repetition penalty with any warpers) are scored, accepted and packed by one
+function of tensors (`scored_step`), one compiled region where the pair runs compiled, its random numbers drawn
+before it; other rows process their logits row by row (the processors see each node's own sequence).
 """
 
 from __future__ import annotations
