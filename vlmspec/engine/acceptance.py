@@ -27,7 +27,7 @@ from .processing import (
     NodeProcessing,
     RowSequences,
     TargetSampler,
-    common_processing,
+    batched_processing,
     same_processing,
     uniform_processing,
 )
@@ -78,17 +78,10 @@ class TargetScoring:
         """The scoring every row of `samplers` shares, with their `sequences`; None where rows differ (in rule or
         processing) or their processors read more of a sequence than its ids."""
         rules = {s.do_sample for s in samplers}
-        processings = [s.processing for s in samplers]
-        if len(rules) > 1:
+        batched = batched_processing([s.processing for s in samplers], sequences)
+        if len(rules) > 1 or batched is None:
             return None
-        if uniform_processing(processings):
-            return TargetScoring(None, None, rules.pop(), compact)
-        shared = common_processing(processings)
-        if isinstance(sequences, (list, tuple)) and len(sequences) == 1:
-            sequences = sequences[0]
-        if shared is None or not isinstance(sequences, torch.Tensor):
-            return None
-        return TargetScoring(shared, sequences, rules.pop(), compact)
+        return TargetScoring(*batched, rules.pop(), compact)
 
 
 def accept_trees(

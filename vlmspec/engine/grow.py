@@ -18,7 +18,7 @@ from ..policies import LevelRules, TreePlan
 from .draft import DraftScoring, GrownTrees, proposal_log_probs, sequence_proposal_log_probs
 from .level_step import MASKED_LEVEL, ROOT_SLOTS, SCORED_MASKED_LEVEL, Choice, Place, Slots, choose, write
 from .model_runner import ModelRunner
-from .processing import NodeProcessing, RowSequences, common_processing, same_processing, uniform_processing
+from .processing import NodeProcessing, RowSequences, batched_processing, same_processing, uniform_processing
 from .shape_step import SCORED_SHAPE_LEVEL, SHAPE_LEVEL, SHAPE_ROOT
 from .slot_trees import slot_trees
 from .tree import Trees, TreeShape
@@ -64,17 +64,12 @@ class GrowthInputs:
 def _shared_scoring(
     processings: Sequence[NodeProcessing | None], sequences: RowSequences, vocab_limit: int, device: torch.device
 ) -> DraftScoring | None:
-    """The `DraftScoring` every row shares, taken in the levels' compiled regions: none where no row processes its
-    logits; else the one processing all rows share, over their `(B, T)` tokens so far on the draft's `device`. None
-    where rows differ or their processors read more of a sequence than its ids (then row by row, eager)."""
-    if uniform_processing(processings):
-        return DraftScoring(vocab_limit)
-    shared = common_processing(processings)
-    if isinstance(sequences, (list, tuple)) and len(sequences) == 1:
-        sequences = sequences[0]
-    if shared is None or not isinstance(sequences, torch.Tensor) or sequences.device != device:
+    """The `DraftScoring` every row shares, taken in the levels' compiled regions (`batched_processing`), over tokens
+    on the draft's `device`; None where rows process their logits row by row, eager."""
+    batched = batched_processing(processings, sequences)
+    if batched is None or (batched[1] is not None and batched[1].device != device):
         return None
-    return DraftScoring(vocab_limit, shared, sequences)
+    return DraftScoring(vocab_limit, *batched)
 
 
 def _root_scores(

@@ -393,6 +393,22 @@ def common_processing(processings: Sequence[NodeProcessing | None]) -> NodeProce
     return shared if shared is not None and shared.batches_rows else None
 
 
+def batched_processing(
+    processings: Sequence[NodeProcessing | None], sequences: RowSequences
+) -> tuple[NodeProcessing | None, torch.Tensor | None] | None:
+    """The processing all rows share and their `(B, T)` tokens so far it reads, where one call of tensors serves every
+    row: `(None, None)` where no row processes its logits; None where rows differ, their processors read more of a
+    sequence than its ids, or their tokens are not one tensor (a batch of one's own sequence counts as one)."""
+    if uniform_processing(processings):
+        return None, None
+    shared = common_processing(processings)
+    if isinstance(sequences, (list, tuple)) and len(sequences) == 1:
+        sequences = sequences[0]
+    if shared is None or not isinstance(sequences, torch.Tensor):
+        return None
+    return shared, sequences
+
+
 def same_processing(processings: Sequence[NodeProcessing | None]) -> NodeProcessing | None:
     """The processing every row's equals (one call may then serve nodes of many rows whose sequences are equally
     long, `NodeProcessing.process_nodes`); None when rows differ."""
