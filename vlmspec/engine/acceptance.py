@@ -165,6 +165,12 @@ def _accept_scored(
     return trees, *SCORED_STEP(capture, *step)
 
 
+def _own_generators(samplers: Sequence[TargetSampler]) -> list[torch.Generator | None] | None:
+    """Each row's own generator, or None where every row draws from the global RNG (then all at once)."""
+    generators = [s.generator for s in samplers]
+    return None if all(g is None for g in generators) else generators
+
+
 def _one_graph_form(trees: Trees) -> Trees:
     """`trees` as the compiled acceptance takes them, so that one graph serves every tree: an all-True `valid` (a kept
     tensor) where all nodes are valid, as capped trees carry one; and at least two levels, since dynamo specialises a
@@ -177,8 +183,7 @@ def _noise(trees: Trees, logits: torch.Tensor, samplers: Sequence[TargetSampler]
     """The random numbers the rows' sampled acceptance consumes (`SamplingNoise`), drawn from the global RNG or each
     row's own generator, before the step's compiled region."""
     rows, n, vocab = logits.shape
-    generators = [s.generator for s in samplers]
-    own = None if all(g is None for g in generators) else generators
+    own = _own_generators(samplers)
     return sampling_noise(rows, n, vocab, own, sizes, logits.device)
 
 
@@ -200,8 +205,7 @@ def _verdict(
     if not any(rules):
         return greedy
     probs, doubt = _target_distribution(scores, processings, plain, sequences, compact)
-    generators = [s.generator for s in samplers]
-    own = None if all(g is None for g in generators) else generators
+    own = _own_generators(samplers)
     verdict = accept_sampled_rows(trees, probs, own, sizes)
     verdict.doubt = doubt
     if greedy is not None:
