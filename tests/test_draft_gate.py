@@ -90,6 +90,18 @@ def test_the_ratio_is_the_prior_until_both_kinds_of_step_are_timed():
     assert costs.ratio(4) == costs.ratio(2) == 1.7
 
 
+def test_the_ratio_is_the_prior_while_only_the_first_drafting_step_is_timed():
+    """The first drafting step at a batch size is its warm-up: a slow one alone must not stop every later step from
+    drafting (and so from timing a second)."""
+    costs = StepCosts(DraftGateConfig(prior_ratio=1.7))
+    costs.observe(1, 1.0, drafted=False)
+    costs.observe(1, 1.0, drafted=False)
+    costs.observe(1, 50.0, drafted=True)
+    assert costs.ratio(1) == 1.7
+    costs.observe(1, 2.0, drafted=True)
+    assert costs.ratio(1) == pytest.approx(2.0)
+
+
 def test_the_ratio_is_of_the_median_recent_step_times():
     """Each kind of step's time is the median of its last `window` steps at the batch size: one slow step (a cache
     growing, the machine busy) does not move it, a lasting change does."""
@@ -105,8 +117,9 @@ def test_the_ratio_is_of_the_median_recent_step_times():
 def test_an_untimed_batch_size_takes_the_nearest_timed_ones_ratio():
     """Nearest by the log of the batch size."""
     costs = timed(2.0, 1.0, rows=1)
-    costs.observe(16, 3.0, drafted=True)
-    costs.observe(16, 1.0, drafted=False)
+    for _ in range(2):
+        costs.observe(16, 3.0, drafted=True)
+        costs.observe(16, 1.0, drafted=False)
     assert costs.ratio(2) == costs.ratio(4) == pytest.approx(2.0)  # 4 is as near 1 as 16: the smaller wins
     assert costs.ratio(8) == costs.ratio(64) == pytest.approx(3.0)
 

@@ -94,11 +94,14 @@ class StepCosts:
         self._drafted_since: dict[int, int] = {}
 
     def ratio(self, rows: int) -> float:
-        """`T_spec / T_plain` at `rows` rows: from the nearest batch size where both were timed, else the prior."""
+        """`T_spec / T_plain` at `rows` rows: from the nearest batch size where both were timed (drafting steps past
+        the first), else the prior."""
         c = self.config
         if c.cost_ratio is not None:
             return c.cost_ratio
-        timed = [b for b in self.drafting if b in self.plain]
+        # The first drafting step at a batch size is its warm-up (shapes, and compiling where compiled): alone, it
+        # would price drafting so high that no second drafting step ever runs to replace it.
+        timed = [b for b in self.drafting if b in self.plain and self._counts[(True, b)] >= 2]
         if not timed:
             return c.prior_ratio
         nearest = min(timed, key=lambda b: (abs(math.log(b / rows)), b))
