@@ -82,14 +82,6 @@ def test_a_batch_without_a_mask_decodes_every_row_as_generate(target, drafts, ca
     assert torch.equal(out, target.generate(input_ids=ids, do_sample=False, max_new_tokens=6))
 
 
-def test_a_right_padded_batch_is_refused_clearly(target, cases):
-    ids = cases["text"]["input_ids"].repeat(2, 1)
-    mask = torch.ones_like(ids)
-    mask[1, -1] = 0
-    with pytest.raises(ValueError, match="left-padded"):
-        SpeculativeVLM(target, target).generate(input_ids=ids, attention_mask=mask, max_new_tokens=4)
-
-
 def test_unknown_generate_arguments_are_refused(target, cases):
     with pytest.raises(TypeError, match="not_an_argument"):
         SpeculativeVLM(target, target).generate(**cases["text"], not_an_argument=1)

@@ -78,6 +78,7 @@ def _applied_cases() -> dict[str, dict]:
         "output_scores": dict(return_dict_in_generate=True, output_scores=True),
         "output_logits": dict(return_dict_in_generate=True, output_logits=True),
         "return_dict_in_generate": dict(return_dict_in_generate=True),
+        "use_cache": dict(return_dict_in_generate=True, use_cache=False),
         "pad_token_id": dict(one, pad_token_id=_new("text", 7), eos_token_id=eos, num_return_sequences=2),
         "bos_token_id": dict(bos_token_id=_new("text", 5)),
         "eos_token_id": dict(eos_token_id=eos),
@@ -86,7 +87,6 @@ def _applied_cases() -> dict[str, dict]:
 
 #: Per field without effect, a value `generate` accepts.
 NO_EFFECT_VALUES = {
-    "use_cache": False,
     "cache_implementation": "static",
     "cache_config": {},
     "max_cache_len": 512,
@@ -164,6 +164,8 @@ def test_an_applied_field_decodes_as_generate_does(name):
     expected = FAMILY.target.generate(**inputs, **kwargs)
     got = SpeculativeVLM(FAMILY.target, FAMILY.drafts["noisy"], "chain").generate(**inputs, **kwargs)
     assert torch.equal(_ids(got), _ids(expected))
+    if kwargs.get("return_dict_in_generate"):
+        assert (got.cache is None) == (expected.cache is None)
     for output in ("scores", "logits"):
         if kwargs.get(f"output_{output}"):
             assert len(getattr(got, output)) == len(getattr(expected, output))

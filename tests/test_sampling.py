@@ -18,7 +18,7 @@ from sampling_cases import ALPHA, FAMILY, NEW_TOKENS, SAMPLES, WARPS, alone_test
 from vlmspec import SageGtConfig, SpeculativeVLM
 from vlmspec.adapters import adapter_for
 from vlmspec.testing import noisy_copy
-from vlmspec.testing.distribution import continuations, eos_ids, g_test
+from vlmspec.testing.distribution import continuations, eos_ids, exact_continuations, g_test
 
 #: sage-gt's cost model is shared by a batch's rows and observes one step of them all: the draws (decoded together)
 #: reach its cost-shaped trees after one step, not its default four, within six tokens.
@@ -204,3 +204,49 @@ def test_a_draft_on_another_device_proposes_under_the_targets_processors(family)
     settings = dict(do_sample=False, max_new_tokens=12, min_new_tokens=4, repetition_penalty=1.3)
     expected = family.target.generate(**inputs, **settings)
     assert torch.equal(SpeculativeVLM(family.target, draft).generate(**inputs, **settings), expected)
+
+
+def test_samples_from_embeddings_follow_the_targets_exact_distribution():
+    """Embeddings in place of the ids (the target reads them, the draft their tokens) against the distribution
+    `generate` samples from the ids, which embeddings of them give the very same."""
+    inputs = dict(FAMILY.cases["image"])
+    embeds = FAMILY.target.get_input_embeddings()(inputs["input_ids"])
+    spec = SpeculativeVLM(FAMILY.target, FAMILY.drafts["noisy"], policy="sage")
+    sequences = spec.generate(
+        **inputs,
+        inputs_embeds=embeds,
+        do_sample=True,
+        max_new_tokens=NEW_TOKENS,
+        num_return_sequences=SAMPLES,
+        generator=torch.Generator().manual_seed(0),
+        **WARPS["top_k_top_p"],
+    )
+    samples = continuations(sequences, inputs["input_ids"].shape[1], eos_ids(FAMILY.target, {}))
+    result = g_test(samples, exact("image", "top_k_top_p"))
+    assert result.samples == SAMPLES and result.impossible == 0 and result.passes(ALPHA), result
+
+
+def test_samples_of_a_next_turn_from_the_returned_cache_follow_generates_distribution_going_on():
+    """The next turn's exact distribution is enumerated with `generate` over the whole conversation; SpeculativeVLM
+    draws it going on from the cache its first turn returned (a batch of one row per sample, the cache's row
+    repeated)."""
+    first = SpeculativeVLM(FAMILY.target, FAMILY.drafts["noisy"], policy="sage").generate(
+        **FAMILY.cases["text"], do_sample=False, max_new_tokens=6, return_dict_in_generate=True
+    )
+    new = FAMILY.processor.tokenizer(" and then?", return_tensors="pt").input_ids.to(DEVICE)
+    ids = torch.cat([first.sequences, new], 1)
+    turn = dict(input_ids=ids, attention_mask=torch.ones_like(ids), mm_token_type_ids=torch.zeros_like(ids))
+    exact_turn = exact_continuations(FAMILY.target, turn, NEW_TOKENS, 0.005, **WARPS["top_k_top_p"])
+    cache = first.past_key_values
+    cache.batch_repeat_interleave(SAMPLES)
+    sequences = SpeculativeVLM(FAMILY.target, FAMILY.drafts["noisy"], policy="sage").generate(
+        **{k: v.expand(SAMPLES, -1) for k, v in turn.items()},
+        cache=cache,
+        do_sample=True,
+        max_new_tokens=NEW_TOKENS,
+        generator=torch.Generator().manual_seed(0),
+        **WARPS["top_k_top_p"],
+    )
+    samples = continuations(sequences, ids.shape[1], eos_ids(FAMILY.target, {}))
+    result = g_test(samples, exact_turn)
+    assert result.samples == SAMPLES and result.impossible == 0 and result.passes(ALPHA), result

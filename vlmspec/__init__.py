@@ -23,6 +23,7 @@ from .errors import (
     VLMSpecError,
     VocabularyMismatchError,
 )
+from .hf.cache import SpeculativeCache
 from .hf.pipeline import pipeline
 from .policies import (
     AutoPolicy,
@@ -71,6 +72,7 @@ __all__ = [
     "SageGtPolicy",
     "SagePolicy",
     "SpecStats",
+    "SpeculativeCache",
     "SpeculativeVLM",
     "StaticTreePolicy",
     "StepLesson",

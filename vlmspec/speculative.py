@@ -12,17 +12,21 @@ from transformers import GenerationConfig, PreTrainedModel
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .adapters import adapter_for
+from .adapters.base import EMBEDDING_KEYS
 from .engine.batch import BatchDecoder
 from .engine.budget import KVBudget
 from .engine.compiled import LARGEST_FORWARD, CompileGuard, compiled_forward
 from .engine.model_runner import ModelRunner
 from .engine.prefill import Prefiller
+from .engine.prefix import Continuation
 from .engine.rows import RowRequest, RowResult
 from .engine.schedule import Arrivals
 from .engine.sequence import DecodeSettings
 from .engine.stats import SpecStats
 from .errors import UnsupportedGenerationError, VocabularyMismatchError
-from .hf.generation import resolve_generation
+from .hf.cache import returned_cache, row_continuations
+from .hf.generation import refuse_early, resolve_generation
+from .hf.model_inputs import PromptInputs, sort_inputs
 from .loading import Quantization, check_model_attention, check_tokenizers, load_model
 from .policies import SageConfig, TreePolicy, resolve_policy
 from .processors import load_processor
@@ -210,62 +214,116 @@ class SpeculativeVLM:
         given, else from the global RNG as `generate` does (so `torch.manual_seed` makes a call repeatable).
         `num_return_sequences=n` draws n continuations from one prefill of the prompt, decoded together as a batch's
         rows (as `generate` expands its batch), padded as `generate` pads.
+
+        Model inputs are sorted as docs/generate-contract.md says: `inputs_embeds` (with or without ids) feed the
+        target, as `generate`'s first step; `cache` (or `past_key_values`) is a cache a call returned, which the call
+        goes on from (a conversation's next turn); with `return_dict_in_generate` the output's `past_key_values` is a
+        `SpeculativeCache` holding the target's keys for the returned sequences, and the draft's.
         """
         if input_ids is None:
             input_ids = kwargs.pop("inputs", None)
-        if input_ids is None:
-            raise ValueError("generate() needs input_ids (what the target's processor returned)")
-        if input_ids.ndim != 2:
-            raise ValueError(f"input_ids must be (batch, length), got shape {tuple(input_ids.shape)}")
-        input_keys = self._target_runner.adapter.input_keys
-        model_inputs = {k: kwargs.pop(k) for k in input_keys if k != "input_ids" and kwargs.get(k) is not None}
+        refuse_early(generation_config, kwargs)
+        prompt = sort_inputs(self.target, self._target_runner.adapter, input_ids, kwargs)
         # The models may have moved since they were wrapped (`spec.target.cuda()`); inputs follow them, and the
         # logits processors are built where the target's logits are.
         self._target_runner.refresh()
         self._draft_runner.refresh()
         device = self._target_runner.device
-        model_inputs["input_ids"] = input_ids
-        target_inputs = _to_device(model_inputs, device)
+        target_inputs = _to_device(prompt.inputs, device)
+        output_ids = prompt.output_ids.to(device)
         settings = resolve_generation(
             self.target,
             generation_config,
             self._with_tokenizer(kwargs),
-            target_inputs["input_ids"],
+            output_ids,
             {k: v for k, v in target_inputs.items() if k != "input_ids"},
             on_device(generator, device),
         )
-        _check_rows(input_ids.shape[0], settings, streamer)
-        return _output(self._generate_rows(target_inputs, settings, streamer), settings)
+        _check_rows(output_ids.shape[0], settings, streamer)
+        requests = self._requests(target_inputs, output_ids, prompt, settings, streamer)
+        results = self._decode_requests(requests)
+        return _output(results, settings, self.target.config, self._pads(target_inputs, output_ids))
 
-    def _with_tokenizer(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        """`kwargs` with the pair's own tokenizer (its processor's) where none is given, for stop strings."""
-        if kwargs.get("tokenizer") is not None or self.processor is None:
-            return kwargs
-        return {**kwargs, "tokenizer": self.processor.tokenizer}
-
-    def _generate_rows(self, inputs: dict[str, torch.Tensor], settings: Any, streamer: Any = None) -> list[RowResult]:
-        """Every row's `num_return_sequences` draws (sharing the row's prefill) decoded together as sequences of their
-        own (one prompt and one draw: a batch of one, which `streamer` may follow), in `generate`'s row order."""
-        rows = self._target_runner.adapter.split_rows(inputs)
+    def _requests(
+        self,
+        inputs: dict[str, Any],
+        output_ids: torch.Tensor,
+        prompt: PromptInputs,
+        settings: DecodeSettings,
+        streamer: Any,
+    ) -> list[RowRequest]:
+        """Every row's `num_return_sequences` draws (sharing the row's prefill) as sequences of their own, in
+        `generate`'s row order; each goes on from its row of `prompt.cache` where there is one. The draft reads the
+        ids where the target reads the caller's embeddings."""
+        adapter = self._target_runner.adapter
+        rows = adapter.split_rows(inputs)
+        continuations = self._continuations(prompt, inputs, rows, settings)
         draft_device = self._draft_runner.device
-        requests = [
-            RowRequest(
-                (b, i),
-                row,
-                _to_device(row, draft_device),
-                inputs["input_ids"][b : b + 1],
-                settings.for_row(b),
-                streamer=streamer,
+        requests = []
+        for b, row in enumerate(rows):
+            draft_row = {k: v for k, v in row.items() if k != "inputs_embeds"}
+            if prompt.embeddings_alone:
+                # `generate` positions embeddings given alone as text: the target is given no token types.
+                row = {k: v for k, v in row.items() if k != "mm_token_type_ids"}
+            for i in range(settings.num_sequences):
+                requests.append(
+                    RowRequest(
+                        (b, i),
+                        row,
+                        _to_device(draft_row, draft_device),
+                        output_ids[b : b + 1],
+                        settings.for_row(b),
+                        streamer=streamer,
+                        continuation=None if continuations is None else continuations[b],
+                    )
+                )
+        return requests
+
+    def _continuations(
+        self, prompt: PromptInputs, inputs: dict[str, Any], rows: list[dict[str, Any]], settings: DecodeSettings
+    ) -> list[Continuation] | None:
+        """What each row goes on from, where the call gives a cache; refused where vlmspec cannot go on as `generate`
+        would."""
+        if prompt.cache is None:
+            return None
+        per_token = (*self._target_runner.adapter.token_keys, *EMBEDDING_KEYS)
+        visual = sorted({k for row in rows for k, v in row.items() if k not in per_token and v is not None})
+        if visual:
+            raise UnsupportedGenerationError(
+                f"generate(): a cache (past_key_values) with {', '.join(visual)} is not supported: going on from a "
+                "cache takes the conversation's token inputs only (generate's cached turns hold their images)"
             )
-            for b, row in enumerate(rows)
-            for i in range(settings.num_sequences)
-        ]
+        if settings.num_sequences > 1 or prompt.embeddings_alone:
+            raise UnsupportedGenerationError(
+                "generate(): a cache (past_key_values) with num_return_sequences > 1 or with inputs_embeds alone is "
+                "not supported: pass the conversation's input_ids and one sequence per row"
+            )
+        lengths = [row["input_ids"].shape[1] for row in rows]
+        pads = [inputs["input_ids"].shape[1] - length for length in lengths]
+        return row_continuations(prompt.cache, pads, lengths, self._target_runner.adapter)
+
+    @staticmethod
+    def _pads(inputs: dict[str, torch.Tensor], output_ids: torch.Tensor) -> list[int]:
+        """Each row's left padding in the returned sequences."""
+        mask = inputs.get("attention_mask")
+        if mask is None or output_ids.shape[1] == 0:
+            return [0] * output_ids.shape[0]
+        return (mask.cumsum(1) == 0).sum(1).tolist()
+
+    def _decode_requests(self, requests: list[RowRequest]) -> list[RowResult]:
+        """Decode the requests together, in their order; the first error raised for any is raised."""
         results = sorted(self._batch.run(requests, len(requests)), key=lambda r: r.key)
         for result in results:
             if result.error is not None:
                 raise result.error
         self.last_stats = SpecStats.combined([r.stats for r in results], self._batch.stats)
         return results
+
+    def _with_tokenizer(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """`kwargs` with the pair's own tokenizer (its processor's) where none is given, for stop strings."""
+        if kwargs.get("tokenizer") is not None or self.processor is None:
+            return kwargs
+        return {**kwargs, "tokenizer": self.processor.tokenizer}
 
     @torch.inference_mode()
     def stream(
@@ -325,6 +383,12 @@ class SpeculativeVLM:
         self._draft_runner.refresh()
         device, draft_device = self._target_runner.device, self._draft_runner.device
         keys = self._target_runner.adapter.input_keys
+        unread = sorted(k for k in ("inputs_embeds", "cache", "past_key_values") if inputs.get(k) is not None)
+        if unread:
+            raise UnsupportedGenerationError(
+                f"{', '.join(unread)}: a stream decodes each prompt from its processor's outputs; give embeddings or a "
+                "cache to generate()"
+            )
         row = _to_device({k: inputs[k] for k in keys if inputs.get(k) is not None}, device)
         settings = resolve_generation(
             self.target,
@@ -412,15 +476,21 @@ def _check_rows(prompts: int, settings: DecodeSettings, streamer: Any) -> None:
         raise ValueError("a streamer follows one sequence: pass num_return_sequences=1 to stream")
 
 
-def _output(results: list[RowResult], settings: DecodeSettings) -> torch.Tensor | GenerateDecoderOnlyOutput:
+def _output(
+    results: list[RowResult], settings: DecodeSettings, config: Any, pads: list[int]
+) -> torch.Tensor | GenerateDecoderOnlyOutput:
     """What `generate` returns for these rows: their padded sequences, or with `return_dict_in_generate` an output
-    that also holds the scores and logits asked for."""
+    that also holds the scores and logits asked for, and the cache (`use_cache`), rows after `pads` of padding."""
     sequences = _pad([r.sequence for r in results], settings.pad_token_id)
     if settings.return_dict_in_generate:
+        cache = None
+        if settings.return_cache:
+            cache = returned_cache(config, [r.cache for r in results], [pads[r.key[0]] for r in results])
         return GenerateDecoderOnlyOutput(
             sequences=sequences,
             scores=_per_step([r.scores for r in results]) if settings.output_scores else None,
             logits=_per_step([r.logits for r in results]) if settings.output_logits else None,
+            cache=cache,
         )
     return sequences
 

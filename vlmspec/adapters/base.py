@@ -13,6 +13,9 @@ from torch.nn.functional import pad
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import Cache
 
+#: Inputs with one vector per prompt token, `(B, L, hidden)`, left-padded in a batch as the token inputs are.
+EMBEDDING_KEYS = ("inputs_embeds",)
+
 
 @dataclass
 class Prefill:
@@ -131,16 +134,14 @@ class ModelAdapter(ABC):
         starts = (mask.cumsum(1) == 0).sum(1)
         if int(mask.sum()) != int((mask.shape[1] - starts).sum()):
             raise ValueError("the batch is not left-padded: its attention mask has zeros after a prompt's start")
-        tokens = [
-            {k: inputs[k][row : row + 1, start:] for k in self.token_keys if inputs.get(k) is not None}
-            for row, start in enumerate(starts.tolist())
-        ]
+        keys = [k for k in (*self.token_keys, *EMBEDDING_KEYS) if inputs.get(k) is not None]
+        tokens = [{k: inputs[k][row : row + 1, start:] for k in keys} for row, start in enumerate(starts.tolist())]
         return [{**row, **visual} for row, visual in zip(tokens, self.split_visual(inputs), strict=True)]
 
     def split_visual(self, inputs: dict[str, Any]) -> list[dict[str, Any]]:
         """Per row of the batch, its own visual inputs (none for a batch without any); families with visual inputs
         override it."""
-        visual = [k for k, v in inputs.items() if k not in self.token_keys and v is not None]
+        visual = [k for k, v in inputs.items() if k not in (*self.token_keys, *EMBEDDING_KEYS) and v is not None]
         if visual:
             raise NotImplementedError(f"{type(self).__name__} cannot split the visual inputs {visual} into rows")
         return [{} for _ in range(inputs["input_ids"].shape[0])]
@@ -151,16 +152,19 @@ class ModelAdapter(ABC):
         inverse of `split_rows`; it needs no model): token inputs padded on the left (`input_ids` with
         `pad_token_id`, the rest with 0), visual inputs collated by `join_visual`."""
         length = max(row["input_ids"].shape[1] for row in rows)
+        per_token = (*cls.token_keys, *EMBEDDING_KEYS)
         batch = {}
-        for key in cls.token_keys:
+        for key in per_token:
             present = [row[key] for row in rows if row.get(key) is not None]
             if not present:
                 continue
             if len(present) != len(rows):
                 raise ValueError(f"{key} is given for some rows only")
             fill = pad_token_id if key == "input_ids" else 0
-            batch[key] = torch.cat([pad(t, (length - t.shape[1], 0), value=fill) for t in present])
-        batch.update(cls.join_visual([{k: v for k, v in row.items() if k not in cls.token_keys} for row in rows]))
+            # The tokens' dimension is the second; embeddings carry one more after it.
+            padding = [(0, 0) * (t.ndim - 2) + (length - t.shape[1], 0) for t in present]
+            batch[key] = torch.cat([pad(t, p, value=fill) for t, p in zip(present, padding, strict=True)])
+        batch.update(cls.join_visual([{k: v for k, v in row.items() if k not in per_token} for row in rows]))
         return batch
 
     @classmethod
@@ -225,12 +229,21 @@ class ModelAdapter(ABC):
         finally:
             handle.remove()
 
-    def prefill(self, inputs: dict[str, Any], cache: Cache, keep: torch.Tensor | None = None) -> Prefill:
-        """Run the prompt into `cache`; with `keep` (bool over the prompt) only those tokens enter the cache."""
-        positions = self.prompt_positions(inputs)
+    def model_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        """What a prompt pass feeds the model of a prompt's `inputs`: the family's inputs but those that only shape
+        positions, with the caller's `inputs_embeds` (the target's, given to `generate`) in place of the ids."""
         model_inputs = {
             k: inputs[k] for k in self.input_keys if k not in self.position_only_keys and inputs.get(k) is not None
         }
+        if inputs.get("inputs_embeds") is not None:
+            model_inputs["inputs_embeds"] = inputs["inputs_embeds"]
+            del model_inputs["input_ids"]
+        return model_inputs
+
+    def prefill(self, inputs: dict[str, Any], cache: Cache, keep: torch.Tensor | None = None) -> Prefill:
+        """Run the prompt into `cache`; with `keep` (bool over the prompt) only those tokens enter the cache."""
+        positions = self.prompt_positions(inputs)
+        model_inputs = self.model_inputs(inputs)
         with self._pruned(None if keep is None else keep[None]):
             out = self.model(**model_inputs, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1)
         length = inputs["input_ids"].shape[1] if keep is None else int(keep.sum())
@@ -245,13 +258,25 @@ class ModelAdapter(ABC):
         `(B, V)` and the position of each row's next token. With `keep` (B, L) bool (False on padding) only those
         tokens enter the cache, each row's left-padded again to the most any row keeps."""
         positions = self.prompt_positions(inputs)
-        model_inputs = {
-            k: inputs[k] for k in self.input_keys if k not in self.position_only_keys and inputs.get(k) is not None
-        }
+        model_inputs = self.model_inputs(inputs)
         with self._pruned(keep):
             out = self.model(**model_inputs, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1)
         rows = inputs["input_ids"].shape[0]
         return out.logits[:, -1], [int(positions[..., b, -1].max()) + 1 for b in range(rows)]
+
+    def continue_prompt(self, input_ids: torch.Tensor, cache: Cache, next_position: int) -> torch.Tensor:
+        """The last logits `(V,)` of text `input_ids` (1, q) fed after what `cache` (a transformers cache) holds, at
+        positions from `next_position` on: how `generate` runs the uncached part of its inputs when it goes on from a
+        cache (a continuation carries no new visual inputs)."""
+        positions = torch.arange(next_position, next_position + input_ids.shape[1], device=input_ids.device)
+        position_ids = self.position_ids(positions)
+        out = self.model(input_ids=input_ids, position_ids=position_ids, cache=cache, use_cache=True, logits_to_keep=1)
+        return out.logits[0, -1]
+
+    def position_offset(self, row: int) -> int:
+        """How far past its index the next token of row `row` of a cache `generate` returned sits: 0, tokens
+        positioned by their count (families whose positions depend on the last call's prompt override it)."""
+        return 0
 
     def decode(
         self,

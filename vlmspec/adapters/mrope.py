@@ -53,6 +53,15 @@ class MRopeAdapter(ModelAdapter):
     def position_ids(self, positions: torch.Tensor) -> torch.Tensor:
         return positions.view(1, 1, -1).expand(3, 1, -1)
 
+    def position_offset(self, row: int) -> int:
+        """What `generate` adds to a row's index when it goes on from a cache: the rope deltas its last prompt left on
+        the model (`generate` keeps them there between calls), none when no call left any."""
+        deltas = getattr(self.model.model, "rope_deltas", None)
+        if deltas is None:
+            return 0
+        deltas = deltas.reshape(-1)
+        return int(deltas[row % deltas.numel()])
+
     def split_visual(self, inputs: dict[str, Any]) -> list[dict[str, Any]]:
         """Images and videos go to rows by the rows' visual token counts: an item of grid (t, h, w) has
         t * h * w / merge**2 tokens and t * h * w rows of patches."""

@@ -28,7 +28,7 @@ from .compiled import row_bucket
 from .draft import Drafted, GrownTrees, root_trees
 from .grow import GrowthInputs, draft_own_trees, draft_rows
 from .model_runner import ModelRunner
-from .prefill import Prefiller
+from .prefill import Prefiller, continuation_of
 from .processing import NodeProcessing, RowSequences, TargetSampler, common_processing, uniform_processing
 from .rows import Row, RowRequest, RowResult, RowsInFlight
 from .schedule import Admission, Arrivals
@@ -151,6 +151,9 @@ class BatchDecoder:
         done = [b for b, row in enumerate(rows) if row.sink.finished or row.request.cancelled]
         if not done:
             return rows, []
+        for b in done:
+            if rows[b].settings.return_cache and rows[b].sink.finished:
+                rows[b].cache = continuation_of(rows[b], target, b, draft)
         order = target.drop(done)
         draft.drop(done)
         results = []

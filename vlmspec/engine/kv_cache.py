@@ -168,6 +168,15 @@ class RowCache(Cache):
         place = 2 * self._place[index]
         return slab[place, first : first + count], slab[place + 1, first : first + count]
 
+    def entries(self, slot: int, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Copies of every layer's first `length` keys and values in `slot`, `(1, kv heads, length, head dim)`."""
+        entries = []
+        for index, device in enumerate(self.layer_devices):
+            slab, place = self._slabs[device], 2 * self._place[index]
+            keys, values = slab[place, slot : slot + 1, :, :length], slab[place + 1, slot : slot + 1, :, :length]
+            entries.append((keys.clone(), values.clone()))
+        return entries
+
     def writer(self, lengths: list[int], room: int) -> PromptWriter:
         """The cache a prompt pass over new rows of `lengths` tokens runs on (a left-padded batch is as wide as its
         longest), each with `room` more positions to come: they go to the free slots from `rows` on, room reserved
@@ -177,6 +186,11 @@ class RowCache(Cache):
         self._grow_slots(first + len(lengths))
         self._forget(range(first, first + len(lengths)))
         return PromptWriter(self, first, lengths)
+
+    @property
+    def prompts_written(self) -> list[PromptSlot]:
+        """The prompts the last pass wrote, followed as rows move."""
+        return self._written
 
     def written(self, prompts: list[PromptSlot]) -> list[PromptSlot]:
         """Follow `prompts` (a pass's) as rows move, until a later write takes their slots; returns them. A later

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from transformers import DynamicCache
 
 from ..adapters import ModelAdapter
 from ..attention import tree_attention
@@ -14,6 +15,7 @@ from ..device_tensors import arange, host_values
 from .compiled import CHECK_TOKENS, CompileGuard, GuardedRunner, padded_size, padded_sizes
 from .fixed_forward import fixed_forward, mark_varying
 from .kv_cache import TREE_ROOM, PromptSlot, RowCache, check_cache
+from .prefix import CachedPrefix
 
 
 class ModelRunner(GuardedRunner):
@@ -91,6 +93,34 @@ class ModelRunner(GuardedRunner):
             logits, positions = self.adapter.prefill_rows(inputs, writer, keep)
         offsets = [position - length for position, length in zip(positions, lengths, strict=True)]
         return logits.to(self.device), writer.prompts(offsets)
+
+    def prefill_continued(
+        self, input_ids: torch.Tensor, prefix: CachedPrefix, room: int
+    ) -> tuple[torch.Tensor, PromptSlot]:
+        """Run `input_ids` (1, q) after what `prefix` holds (a conversation's next turn after its cached turns), as
+        `generate` runs the uncached part of its inputs, into the next free slot, with room for `room` more tokens
+        (and a tree's); returns the last token's logits and the prompt as written (the prefix's keys, then these),
+        for `take`. `prefix` is left as it was."""
+        self.refresh()
+        cache = DynamicCache(config=self.adapter.model.config)
+        for index, (keys, values) in enumerate(prefix.layers):
+            cache.update(keys, values, index)
+        logits = self.adapter.continue_prompt(input_ids, cache, prefix.next_position)
+        writer = self.cache.writer([prefix.length + input_ids.shape[1]], room + TREE_ROOM)
+        for index, layer in enumerate(cache.layers):
+            writer.write(index, layer.keys, layer.values)
+        (prompt,) = writer.prompts([prefix.next_position - prefix.length])
+        return logits.to(self.device), prompt
+
+    def prefix_of(self, slot: int, length: int, covers: int) -> CachedPrefix:
+        """What `slot` (a row, or a slot a prompt pass wrote) holds of a sequence's first `covers` tokens, in its
+        first `length` entries (a row's offset places the next token)."""
+        offset = self.offsets[slot] if slot < len(self.offsets) else self._written_offset(slot)
+        return CachedPrefix(self.cache.entries(slot, length), covers, length + offset)
+
+    def _written_offset(self, slot: int) -> int:
+        """The position offset of the prompt a pass wrote into `slot` (not yet a row)."""
+        return next(prompt.offset for prompt in self.cache.prompts_written if slot in prompt.held)
 
     def take(self, prompt: PromptSlot, room: int) -> int:
         """Take in a prompt a pass wrote (or that a row holds: draws of one prompt) as a new row, with `room` more

@@ -15,6 +15,7 @@ from ..policies import TreePolicy
 from ..pruning import PruningConfig, VerifierScores, scoring
 from .kv_cache import PromptSlot
 from .model_runner import ModelRunner
+from .prefix import Continuation
 from .rows import Row, RowRequest
 from .stats import PhaseTimer, SpecStats
 
@@ -113,7 +114,8 @@ class Prefiller:
         alone: list[RowRequest] = []
         for group in _similar_lengths(requests):
             distinct = len({id(r.target_inputs) for r in group}) == len(group)
-            if len(group) > 1 and distinct and all(r.settings.max_new_tokens > 0 for r in group):
+            fresh = all(r.settings.max_new_tokens > 0 and r.continuation is None for r in group)
+            if len(group) > 1 and distinct and fresh:
                 before = target.cache.rows
                 generators = [r.settings.sampler.generator for r in group]
                 states = [None if g is None else g.get_state() for g in generators]
@@ -177,6 +179,8 @@ class Prefiller:
             if not row.sink.finished:
                 row.pending = first[None].to(draft.device)
                 going_on.append(b)
+            elif request.settings.return_cache:
+                row.cache = continuation_of(row, target, prompts[b].slot)
             admitted.append((request, row))
         if going_on:
             keeps = [
@@ -188,6 +192,7 @@ class Prefiller:
                 target.take(prompts[b], requests[b].settings.max_new_tokens)
             for prompt, b in zip(drafts, going_on, strict=True):
                 draft.take(prompt, requests[b].settings.max_new_tokens)
+                admitted[b][1].draft_prompt = prompt.length
         return admitted
 
     def _draft_keep(
@@ -231,6 +236,8 @@ class Prefiller:
         row = Row(request, self.policy.for_row())
         if row.sink.finished:
             return row
+        if request.continuation is not None:
+            return self._admit_continued(row, request.continuation)
         timer = PhaseTimer(row.stats, target.device)
         shared = self._shared
         if shared is not None and shared[0] is request.target_inputs and shared[1].held:
@@ -243,12 +250,46 @@ class Prefiller:
         first = settings.sampler.first(prefill.logits, row.sink.sequence)
         row.sink.emit(first[None], prefill.logits)
         if row.sink.finished:
+            if settings.return_cache:
+                row.cache = continuation_of(row, target, prefill.target_prompt.slot)
             return row
         if not prefill.drafted:
             self.prefill_draft(prefill, settings.max_new_tokens, row.stats, timer)
         timer.collect(wait=True)
         target.take(prefill.target_prompt, settings.max_new_tokens)
         draft.take(prefill.draft_prompt, settings.max_new_tokens)
+        row.draft_prompt = prefill.draft_prompt.length
+        row.pending = first[None].to(draft.device)
+        return row
+
+    def _admit_continued(self, row: Row, continuation: Continuation) -> Row:
+        """Admit a sequence that goes on from what its models hold of its inputs' first tokens: the target runs the
+        rest after its prefix, as `generate` runs the uncached part of its inputs; the draft after its own prefix
+        where it has one, else over all of the tokens (its inputs carry no visual ones then)."""
+        target, draft, request = self.target, self.draft, row.request
+        room, timer = request.settings.max_new_tokens, PhaseTimer(row.stats, target.device)
+        ids, cached = request.target_inputs["input_ids"], continuation.target
+        with timer("target_prefill"):
+            logits, target_prompt = target.prefill_continued(ids[:, cached.covers :], cached, room)
+        row.stats.target_prefill_tokens = ids.shape[1] - cached.covers
+        first = request.settings.sampler.first(logits, row.sink.sequence)
+        row.sink.emit(first[None], logits)
+        if row.sink.finished:
+            if request.settings.return_cache:
+                row.cache = continuation_of(row, target, target_prompt.slot)
+            return row
+        own = continuation.draft
+        draft_ids = request.draft_inputs["input_ids"]
+        with timer("draft_prefill"):
+            if own is None:
+                _, draft_prompt = draft.prefill(request.draft_inputs, room)
+            else:
+                _, draft_prompt = draft.prefill_continued(draft_ids[:, own.covers :], own, room)
+        row.stats.draft_prefill_tokens = draft_prompt.length - (0 if own is None else own.length)
+        timer.collect(wait=True)
+        target.take(target_prompt, room)
+        draft.take(draft_prompt, room)
+        row.draft_prompt = draft_prompt.length
         row.pending = first[None].to(draft.device)
         return row
 
@@ -279,3 +320,17 @@ def _similar_lengths(requests: list[RowRequest]) -> list[list[RowRequest]]:
             groups.append([request])
             tokens = length
     return groups
+
+
+def continuation_of(row: Row, target: ModelRunner, slot: int, draft: ModelRunner | None = None) -> Continuation:
+    """What the models hold of `row`'s sequence at its end, all but its last token (as `generate`'s cache): the
+    target's from `slot`, and with `draft` (the row then in flight) the draft's from the same slot, cut where the
+    draft went past where the sequence stopped. The draft's entries past its prompt are the sequence's tokens after
+    the prompt."""
+    covers = row.own_tokens - 1
+    own = target.prefix_of(slot, covers, covers)
+    if draft is None:
+        return Continuation(own)
+    prompt = row.request.target_inputs["input_ids"].shape[1]
+    entries = min(draft.lengths[slot], row.draft_prompt + covers - prompt)
+    return Continuation(own, draft.prefix_of(slot, entries, prompt + entries - row.draft_prompt))

@@ -19,6 +19,7 @@ import torch
 
 from ..device_tensors import host_values
 from ..policies import TreePolicy
+from .prefix import Continuation
 from .sequence import DecodeSettings, TokenSink
 from .stats import SpecStats
 from .stopping import StringCheck, string_check
@@ -29,7 +30,8 @@ class RowRequest:
     """One sequence to decode: its own (unpadded) inputs for each model, the ids its output starts with (`prompt`
     (1, P): a padded batch's row keeps its padding there) and how to decode it. `key` names it in the results;
     `streamer` (transformers' streamer protocol) follows its tokens as they are emitted; setting `cancel` (from any
-    thread) frees its row at the next step."""
+    thread) frees its row at the next step. With a `continuation` the sequence goes on from what the models already
+    hold of its inputs' first tokens (a conversation's earlier turns)."""
 
     key: Any
     target_inputs: dict[str, Any]
@@ -39,6 +41,7 @@ class RowRequest:
     error: Exception | None = None
     streamer: Any = None
     cancel: threading.Event | None = None
+    continuation: Continuation | None = None
 
     @property
     def cancelled(self) -> bool:
@@ -46,15 +49,19 @@ class RowRequest:
 
     @property
     def positions(self) -> int:
-        """The most positions its sequence can reach (prompt and token budget)."""
-        return self.prompt.shape[1] + self.settings.max_new_tokens
+        """The most positions its sequence can reach (prompt and token budget): the prompt is as long as its ids, or
+        as the target's inputs where the output leaves them out (embeddings given alone)."""
+        ids = self.target_inputs.get("input_ids")
+        prompt = max(self.prompt.shape[1], 0 if ids is None else ids.shape[1])
+        return prompt + self.settings.max_new_tokens
 
 
 @dataclass
 class RowResult:
     """A finished sequence: `sequence` (1, P + n) is the prompt then its new tokens, `stats` its own statistics; or
     the `error` it failed with (then both are None). `scores` and `logits` hold, when its settings ask for them, the
-    target's processed scores and raw logits (1, V) that chose each new token, as `generate` returns them."""
+    target's processed scores and raw logits (1, V) that chose each new token, as `generate` returns them; `cache`
+    what its models hold of it at its end (all but its last token), to go on from."""
 
     key: Any
     sequence: torch.Tensor | None
@@ -62,6 +69,7 @@ class RowResult:
     error: Exception | None = None
     scores: tuple[torch.Tensor, ...] | None = None
     logits: tuple[torch.Tensor, ...] | None = None
+    cache: Continuation | None = None
 
 
 class Row:
@@ -77,11 +85,19 @@ class Row:
         self.started = time.perf_counter()
         self.pending: torch.Tensor | None = None
         self.missed: list[int] = []
+        self.cache: Continuation | None = None
+        #: The draft's cache entries that hold the prompt (fewer than its tokens where pruning cut it).
+        self.draft_prompt = 0
 
     @property
     def positions(self) -> int:
         """The most positions its sequence can reach (prompt and token budget)."""
         return self.request.positions
+
+    @property
+    def own_tokens(self) -> int:
+        """The tokens of its own sequence so far, the target's inputs and the new tokens, padding aside."""
+        return self.request.target_inputs["input_ids"].shape[1] + self.sink.new_tokens
 
     def catch_up(self, device: torch.device) -> bool:
         """Put the tokens plain steps emitted after the draft's `pending` ones, to be fed at its next forward; says
@@ -99,7 +115,7 @@ class Row:
         sink = self.sink
         scores = None if sink.scores is None else tuple(sink.scores)
         logits = None if sink.logits is None else tuple(sink.logits)
-        return RowResult(self.request.key, sink.sequence, self.stats, scores=scores, logits=logits)
+        return RowResult(self.request.key, sink.sequence, self.stats, scores=scores, logits=logits, cache=self.cache)
 
 
 @dataclass

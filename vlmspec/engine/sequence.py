@@ -22,7 +22,7 @@ class DecodeSettings:
     `num_sequences` continuations are drawn from one prefill; shorter ones are padded with `pad_token_id`.
     `stopping` holds the criteria besides EOS and the budget; `output_scores`/`output_logits` keep, for each emitted
     token, the target's processed scores and raw logits at the position that chose it, as `generate` returns them
-    (with `return_dict_in_generate`).
+    (with `return_dict_in_generate`), and `return_cache` what the models hold of it at its end, to go on from.
     """
 
     max_new_tokens: int
@@ -35,6 +35,7 @@ class DecodeSettings:
     output_scores: bool = False
     output_logits: bool = False
     return_dict_in_generate: bool = False
+    return_cache: bool = False
 
     @property
     def records(self) -> bool:

@@ -73,18 +73,59 @@ APPLIED_FIELDS = frozenset(
         "output_scores",
         "output_logits",
         "return_dict_in_generate",
+        "use_cache",
         "pad_token_id",
         "bos_token_id",
         "eos_token_id",
     }
 )
 
+#: Model inputs (parameters of the target's `forward` and outputs of its processor, passed to `generate` through
+#: `kwargs`) that vlmspec applies as `generate` does. `past_key_values` is `cache`'s older name, which `generate`
+#: still takes.
+APPLIED_INPUTS = frozenset(
+    {
+        "input_ids",
+        "attention_mask",
+        "inputs_embeds",
+        "cache",
+        "past_key_values",
+        "pixel_values",
+        "pixel_values_videos",
+        "image_grid_thw",
+        "video_grid_thw",
+        "second_per_grid_ts",
+        "mm_token_type_ids",
+        "image_sizes",
+        "image_sizes_videos",
+        "batch_num_images",
+    }
+)
+
+#: Model inputs `generate` takes that leave the tokens alone, with why: vlmspec drops them.
+NO_EFFECT_INPUTS = {
+    "labels": "the forward only computes a loss from them, which generate discards",
+    "logits_to_keep": "generate keeps the last position's logits whatever it is",
+    "output_router_logits": "the router's logits are returned beside the tokens, never chosen from",
+}
+
+#: Model inputs vlmspec refuses when given, with why.
+REFUSED_INPUTS = {
+    "position_ids": "vlmspec positions the prompt and every draft tree itself, as generate positions them",
+    "mm_encoder_outputs": "they are the target's own vision features; the draft encodes the pixels itself",
+    "vision_feature_layer": "it overrides the target's vision config for one call, which the draft and pruning "
+    "read too: set it on target.config",
+    "vision_feature_select_strategy": "it overrides the target's vision config for one call, which the draft and "
+    "pruning read too: set it on target.config",
+    "vision_aspect_ratio": "it overrides the target's vision config for one call, which the draft and pruning read "
+    "too: set it on target.config",
+}
+
 #: Config fields that change how `generate` computes, never which tokens it returns, or that serve a decoding mode
 #: other than greedy and sampling (beam search's length penalty, assisted decoding's settings) and so leave these
 #: tokens alone: vlmspec ignores them.
 NO_EFFECT_FIELDS = frozenset(
     {
-        "use_cache",
         "cache_implementation",
         "cache_config",
         "max_cache_len",

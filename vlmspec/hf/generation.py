@@ -42,6 +42,15 @@ _DECODING_ARGUMENTS = (
 )
 
 
+def refuse_early(generation_config: GenerationConfig | None, kwargs: dict[str, Any]) -> None:
+    """Refuse what a call sets that vlmspec refuses (arguments and config fields, by name) before any check of its
+    inputs, which would otherwise hide the refusal behind another error."""
+    check_arguments(
+        {name for name in REFUSED_ARGUMENTS if kwargs.get(name) is not None}, synced_gpus=kwargs.get("synced_gpus")
+    )
+    check_fields({**vars(generation_config or GenerationConfig()), **kwargs})
+
+
 def resolve_generation(
     target: PreTrainedModel,
     generation_config: GenerationConfig | None,
@@ -90,6 +99,7 @@ def resolve_generation(
         output_scores=bool(config.return_dict_in_generate and config.output_scores),
         output_logits=bool(config.return_dict_in_generate and config.output_logits),
         return_dict_in_generate=bool(config.return_dict_in_generate),
+        return_cache=bool(config.return_dict_in_generate and config.use_cache),
     )
 
 
