@@ -18,6 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from .training.command import add_train_draft_parser
+
 if TYPE_CHECKING:
     from .captioning import CaptioningStopped
     from .speculative import SpeculativeVLM
@@ -497,6 +499,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_profile_parser(commands)
     _add_serve_parser(commands)
     _add_bench_serve_parser(commands)
+    add_train_draft_parser(commands)
     return parser
 
 

@@ -209,7 +209,7 @@ class ModelAdapter(ABC):
         return kwargs
 
     @contextmanager
-    def _pruned(self, keep: torch.Tensor | None):
+    def pruned(self, keep: torch.Tensor | None):
         """While active, the language model sees only the kept prompt tokens (`keep` (B, L) bool), each at its
         original position.
 
@@ -244,7 +244,7 @@ class ModelAdapter(ABC):
         """Run the prompt into `cache`; with `keep` (bool over the prompt) only those tokens enter the cache."""
         positions = self.prompt_positions(inputs)
         model_inputs = self.model_inputs(inputs)
-        with self._pruned(None if keep is None else keep[None]):
+        with self.pruned(None if keep is None else keep[None]):
             out = self.model(**model_inputs, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1)
         length = inputs["input_ids"].shape[1] if keep is None else int(keep.sum())
         # Generation goes on from the last prompt token's position, not the largest: text after a long video sits
@@ -259,7 +259,7 @@ class ModelAdapter(ABC):
         tokens enter the cache, each row's left-padded again to the most any row keeps."""
         positions = self.prompt_positions(inputs)
         model_inputs = self.model_inputs(inputs)
-        with self._pruned(keep):
+        with self.pruned(keep):
             out = self.model(**model_inputs, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1)
         rows = inputs["input_ids"].shape[0]
         return out.logits[:, -1], [int(positions[..., b, -1].max()) + 1 for b in range(rows)]

@@ -1,0 +1,302 @@
+"""`vlmspec train-draft`: fit a draft to its target, by token-level distillation (`kd`) or with VSD's path-level term
+beside it (`vsd`), on accelerate (one CPU process, or `accelerate launch` over GPUs and nodes), checkpointed and
+resumable, judged by the acceptance it gives when decoding."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from tqdm import tqdm
+
+from ..adapters import adapter_for
+from ..errors import InvalidArgumentError
+from ..loading import check_tokenizers, load_model, model_class_for
+from ..processors import load_processor
+from ..pruning import resolve_pruning
+from ..speculative import check_vocabularies
+from .data import read_items
+from .evaluation import evaluate, plot_evaluations
+from .examples import draft_log_probs, make_example
+from .objectives import kd_loss
+from .responses import Prepared, prepared_items
+from .vsd import VSDConfig, vsd_step_loss
+
+#: Settings a resumed run must share with the run it resumes (the rest, such as the budget, may change).
+_FIXED = ("target", "draft", "data", "objective", "lr", "accumulation", "pruning", "max_new_tokens", "seed", "vsd")
+
+
+@dataclass
+class TrainSettings:
+    """What a training run does. `steps` and `time_budget` (minutes) stop it, whichever comes first; `eval_every`
+    measures the held-out acceptance every so many steps (on the last `eval_items` items, which are not trained on)."""
+
+    target: str
+    draft: str
+    data: str
+    out: str
+    objective: str = "kd"
+    steps: int | None = 200
+    time_budget: float | None = None
+    lr: float = 1e-4
+    accumulation: int = 1
+    checkpoint_every: int = 50
+    eval_every: int | None = None
+    eval_items: int = 4
+    pruning: str | None = "verifier"
+    max_new_tokens: int = 64
+    seed: int = 0
+    vsd: VSDConfig = field(default_factory=VSDConfig)
+
+    def __post_init__(self):
+        if self.objective not in ("kd", "vsd"):
+            raise InvalidArgumentError(f"--objective must be kd or vsd, got {self.objective!r}")
+        if self.steps is None and self.time_budget is None:
+            raise InvalidArgumentError("give --steps or --time-budget (or both): training needs an end")
+        if (self.steps is not None and self.steps < 1) or self.lr <= 0 or self.accumulation < 1:
+            raise InvalidArgumentError("--steps and --accumulation must be at least 1 and --lr above 0")
+
+
+class Run:
+    """A training run's models, data and state."""
+
+    def __init__(self, settings: TrainSettings, accelerator: Accelerator):
+        self.settings, self.accelerator = settings, accelerator
+        dtype = torch.float32
+        self.target = load_model(settings.target, torch_dtype=dtype).to(accelerator.device)
+        self.target.requires_grad_(False)
+        draft = load_model(settings.draft, torch_dtype=dtype).to(accelerator.device)
+        self.adapters = (adapter_for(self.target), adapter_for(draft))
+        self.processor = load_processor(settings.target)
+        self.vocab_limit = check_vocabularies(self.target, draft, len(self.processor.tokenizer))
+        self.pruning = resolve_pruning(settings.pruning, None)
+        # Not wrapped for DDP: VSD runs the draft several times before one backward, so the processes average their
+        # gradients themselves (`sync_gradients`).
+        self.draft = draft.train()
+        self.optimizer = torch.optim.AdamW(draft.parameters(), lr=settings.lr, betas=(0.9, 0.95), weight_decay=0.0)
+        self.step = 0
+        self.order = random.Random(settings.seed)
+        self.queue: list[str] = []
+        self.generator = torch.Generator().manual_seed(settings.seed + accelerator.process_index)
+
+    def sync_gradients(self) -> None:
+        """Average the draft's gradients over the processes (one all-reduce per parameter), then clip them."""
+        if self.accelerator.num_processes > 1:
+            for parameter in self.draft.parameters():
+                if parameter.grad is not None:
+                    parameter.grad = self.accelerator.reduce(parameter.grad, "mean")
+        torch.nn.utils.clip_grad_norm_(self.draft.parameters(), 0.5)
+
+    def loss(self, prepared: Prepared) -> tuple[torch.Tensor, dict[str, float]]:
+        """One item's loss: distillation at every response position, and VSD's term at its anchors."""
+        device = self.accelerator.device
+        inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in prepared.inputs.items()}
+        target_adapter, draft_adapter = self.adapters
+        example = make_example(
+            self.target, target_adapter, inputs, prepared.response.to(device), self.pruning, self.vocab_limit
+        )
+        draft = self.draft
+        distill = kd_loss(draft_log_probs(draft, draft_adapter, example, self.vocab_limit), example.target_probs)
+        parts = {"kd": float(distill.detach())}
+        loss = distill
+        if self.settings.objective == "vsd":
+            term = vsd_step_loss(
+                self.target, draft, self.adapters, example, self.settings.vsd, self.vocab_limit, self.generator
+            )
+            if term is not None:
+                loss = loss + self.settings.vsd.weight * term
+                parts["vsd"] = float(term.detach())
+        return loss, parts
+
+
+def train_draft(settings: TrainSettings, resume: bool = False) -> Path:
+    """Train, checkpoint every `checkpoint_every` steps, and save the draft (loadable with `from_pretrained`) in
+    `out/draft`; returns that folder."""
+    out = Path(settings.out)
+    # Without CUDA, processes a launcher started train together over gloo (accelerate's multi-CPU mode).
+    cuda = torch.cuda.is_available()
+    accelerator = Accelerator(cpu=not cuda, mixed_precision="bf16" if cuda else "no")
+    # What makes a pair untrainable is refused before anything is written or loaded.
+    model_class_for(settings.target)
+    model_class_for(settings.draft)
+    check_tokenizers(settings.target, settings.draft)
+    _check_resume(settings, out, resume, accelerator)
+    run = Run(settings, accelerator)
+    items = read_items(settings.data)
+    held_out = items[-settings.eval_items :] if settings.eval_every else []
+    training = items[: len(items) - len(held_out)]
+    responses = out / f"responses-{accelerator.process_index}.jsonl"
+    own = training[accelerator.process_index :: accelerator.num_processes]
+    prepared = list(prepared_items(own, run.processor, run.target, responses, settings.max_new_tokens))
+    if not prepared:
+        raise InvalidArgumentError(f"--data {settings.data}: no item could be read (see {responses})")
+    if resume:
+        _load_checkpoint(run, out)
+    _loop(run, prepared, held_out, out)
+    return _save(run, out)
+
+
+def _check_resume(settings: TrainSettings, out: Path, resume: bool, accelerator: Accelerator) -> None:
+    """Refuse a resume from a run with other settings (naming them), and a fresh run over an earlier one's output."""
+    path = out / "settings.json"
+    mine = json.loads(json.dumps(asdict(settings)))
+    if resume:
+        if not path.exists():
+            raise InvalidArgumentError(f"--resume: {out} holds no run to resume")
+        theirs = json.loads(path.read_text())
+        differ = [name for name in _FIXED if theirs.get(name) != mine.get(name)]
+        if differ:
+            raise InvalidArgumentError(f"--resume: {', '.join(differ)} differ from the run in {out}")
+    elif path.exists():
+        raise InvalidArgumentError(f"{out} holds an earlier run: pass --resume to go on, or another --out")
+    accelerator.wait_for_everyone()  # every process has checked before the first writes
+    if accelerator.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(mine, indent=1))
+
+
+def _loop(run: Run, prepared: list[Prepared], held_out: list, out: Path) -> None:
+    """Train until the steps or the time budget run out, logging each step and checkpointing."""
+    settings, accelerator = run.settings, run.accelerator
+    deadline = None if settings.time_budget is None else time.perf_counter() + 60 * settings.time_budget
+    by_key = {p.item.key: p for p in prepared}
+    log = (out / "log.jsonl").open("a") if accelerator.is_main_process else None
+    bar = tqdm(total=settings.steps, initial=run.step, desc=f"train-draft {settings.objective}", unit="step")
+    while (settings.steps is None or run.step < settings.steps) and not _out_of_time(run, deadline):
+        record = _step(run, by_key)
+        bar.update(1)
+        bar.set_postfix(loss=f"{record['loss']:.3f}", s_per_step=f"{record['seconds']:.2f}")
+        if log is not None:
+            log.write(json.dumps(record) + "\n")
+            log.flush()
+        if run.step % settings.checkpoint_every == 0:
+            _checkpoint(run, out)
+        if settings.eval_every and run.step % settings.eval_every == 0 and accelerator.is_main_process:
+            _evaluate(run, held_out, out)
+    bar.close()
+    _checkpoint(run, out)
+    if settings.eval_every and accelerator.is_main_process and run.step % settings.eval_every:
+        _evaluate(run, held_out, out)
+
+
+def _out_of_time(run: Run, deadline: float | None) -> bool:
+    """Whether the time budget is spent, agreed by every process (one that stopped alone would leave the others
+    waiting at their next gradient average)."""
+    if deadline is None:
+        return False
+    over = torch.tensor(float(time.perf_counter() >= deadline), device=run.accelerator.device)
+    if run.accelerator.num_processes > 1:
+        over = run.accelerator.reduce(over, "max")
+    return bool(over)
+
+
+def _step(run: Run, by_key: dict[str, Prepared]) -> dict[str, float]:
+    """One optimiser step over `accumulation` items (in a shuffled order, every item once per epoch); its record."""
+    started = time.perf_counter()
+    total, parts = 0.0, {}
+    for _ in range(run.settings.accumulation):
+        # A resumed process's queue keeps only its own items (the checkpoint holds the first process's).
+        run.queue = [key for key in run.queue if key in by_key]
+        if not run.queue:
+            run.queue = run.order.sample(sorted(by_key), len(by_key))
+        with run.accelerator.autocast():
+            loss, parts = run.loss(by_key[run.queue.pop()])
+        (loss / run.settings.accumulation).backward()
+        total += float(loss.detach()) / run.settings.accumulation
+    run.sync_gradients()
+    run.optimizer.step()
+    run.optimizer.zero_grad()
+    run.step += 1
+    return {"step": run.step, "loss": total, **parts, "seconds": time.perf_counter() - started}
+
+
+def _evaluate(run: Run, held_out: list, out: Path) -> None:
+    """Held-out acceptance and speedup now, appended to `eval.jsonl` and drawn in `eval.png`."""
+    run.draft.eval()
+    result = evaluate(run.target, run.draft, run.processor, held_out)
+    run.draft.train()
+    with (out / "eval.jsonl").open("a") as log:
+        log.write(json.dumps({"step": run.step, **result}) + "\n")
+    plot_evaluations(out / "eval.jsonl", out / "eval.png")
+
+
+def _checkpoint(run: Run, out: Path) -> None:
+    """The draft, the optimiser, the step and where the shuffled order stands, written whole (a kill mid-write leaves
+    the last checkpoint)."""
+    if not run.accelerator.is_main_process:
+        return
+    folder = out / "checkpoints"
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {
+        "draft": run.draft.state_dict(),
+        "optimizer": run.optimizer.state_dict(),
+        "step": run.step,
+        "order": run.order.getstate(),
+        "queue": run.queue,
+        "generator": run.generator.get_state(),
+    }
+    torch.save(state, folder / "last.pt.partial")
+    (folder / "last.pt.partial").replace(folder / "last.pt")
+
+
+def _load_checkpoint(run: Run, out: Path) -> None:
+    path = out / "checkpoints" / "last.pt"
+    if not path.exists():
+        raise InvalidArgumentError(f"--resume: {out} has no checkpoint yet")
+    state = torch.load(path, map_location=run.accelerator.device, weights_only=False)
+    run.draft.load_state_dict(state["draft"])
+    run.optimizer.load_state_dict(state["optimizer"])
+    run.step, run.queue = state["step"], state["queue"]
+    run.order.setstate(state["order"])
+    run.generator.set_state(state["generator"])
+    log = out / "log.jsonl"
+    if run.accelerator.is_main_process and log.exists():
+        # Steps past the checkpoint run again: their first records go, so the curve goes on from the checkpoint.
+        kept = [line for line in log.read_text().splitlines() if _step_of(line) <= run.step]
+        log.write_text("".join(line + "\n" for line in kept))
+
+
+def _step_of(line: str) -> float:
+    """The step of a log record (a line a kill cut short counts as past every step)."""
+    try:
+        return json.loads(line)["step"]
+    except (json.JSONDecodeError, KeyError):
+        return float("inf")
+
+
+def _save(run: Run, out: Path) -> Path:
+    """The trained draft and the target's processor files, for `from_pretrained`."""
+    folder = out / "draft"
+    run.accelerator.wait_for_everyone()
+    if run.accelerator.is_main_process:
+        run.draft.save_pretrained(folder)
+        run.processor.save_pretrained(folder)
+    return folder
+
+
+def settings_from(args: Any) -> TrainSettings:
+    """Settings from the command line's arguments."""
+    return TrainSettings(
+        target=args.target,
+        draft=args.draft,
+        data=args.data,
+        out=args.out,
+        objective=args.objective,
+        steps=args.steps,
+        time_budget=args.time_budget,
+        lr=args.lr,
+        accumulation=args.accumulation,
+        checkpoint_every=args.checkpoint_every,
+        eval_every=args.eval_every,
+        eval_items=args.eval_items,
+        pruning=None if args.pruning == "off" else "verifier",
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+        vsd=VSDConfig(samples=args.vsd_samples, length=args.vsd_length, anchors=args.vsd_anchors),
+    )
