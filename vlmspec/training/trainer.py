@@ -248,13 +248,21 @@ def _checkpoint(run: Run, out: Path) -> None:
 def _load_checkpoint(run: Run, out: Path) -> None:
     path = out / "checkpoints" / "last.pt"
     if not path.exists():
-        raise InvalidArgumentError(f"--resume: {out} has no checkpoint yet")
+        # Killed before its first checkpoint (while the target wrote responses, say): training starts over, the
+        # responses written stay.
+        _cut_log(run, out)
+        return
     state = torch.load(path, map_location=run.accelerator.device, weights_only=False)
     run.draft.load_state_dict(state["draft"])
     run.optimizer.load_state_dict(state["optimizer"])
     run.step, run.queue = state["step"], state["queue"]
     run.order.setstate(state["order"])
     run.generator.set_state(state["generator"])
+    _cut_log(run, out)
+
+
+def _cut_log(run: Run, out: Path) -> None:
+    """Keep the log's records up to the step training goes on from."""
     log = out / "log.jsonl"
     if run.accelerator.is_main_process and log.exists():
         # Steps past the checkpoint run again: their first records go, so the curve goes on from the checkpoint.

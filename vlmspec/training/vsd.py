@@ -71,7 +71,12 @@ def _path_log_probs(
 
 @torch.no_grad()
 def _sample_paths(
-    draft: PreTrainedModel, adapter: ModelAdapter, prefix: Prefix, config: VSDConfig, vocab_limit: int, generator
+    draft: PreTrainedModel,
+    adapter: ModelAdapter,
+    prefix: Prefix,
+    config: VSDConfig,
+    vocab_limit: int,
+    generator: torch.Generator | None,
 ) -> torch.Tensor:
     """`(S, L)` paths sampled from the draft after its prefix, token by token."""
     rows = config.samples
@@ -116,7 +121,17 @@ def vsd_step_loss(
     return torch.stack(losses).mean()
 
 
-def _anchor_loss(target, draft, target_adapter, draft_adapter, example, anchor, config, vocab_limit, generator):
+def _anchor_loss(
+    target: PreTrainedModel,
+    draft: PreTrainedModel,
+    target_adapter: ModelAdapter,
+    draft_adapter: ModelAdapter,
+    example: Example,
+    anchor: int,
+    config: VSDConfig,
+    vocab_limit: int,
+    generator: torch.Generator | None,
+) -> torch.Tensor:
     """Algorithm 1 at one anchor: E-step (proposals, oracle, correction) then the M-step's loss."""
     inputs = with_tokens(example.inputs, example.response[:anchor])
     keep = None
@@ -146,7 +161,9 @@ def _anchor_loss(target, draft, target_adapter, draft_adapter, example, anchor, 
     return vsd_loss(kept_logs, proposal_logs, kept, proposed, config.temperature)
 
 
-def _greedy_path(target, adapter, inputs, length, vocab_limit) -> torch.Tensor:
+def _greedy_path(
+    target: PreTrainedModel, adapter: ModelAdapter, inputs: dict, length: int, vocab_limit: int
+) -> torch.Tensor:
     """`(1, L)` the target's greedy continuation of a prefix (its oracle's baseline, Algorithm 2)."""
     prefix = read_prefix(target, adapter, inputs, None)
     token = prefix.last_logits[:vocab_limit].argmax()[None, None]
