@@ -34,6 +34,7 @@ def add_train_draft_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--vsd-samples", type=int, default=8, help="VSD: draft paths per anchor (S)")
     parser.add_argument("--vsd-length", type=int, default=4, help="VSD: tokens per path (L)")
     parser.add_argument("--vsd-anchors", type=int, default=2, help="VSD: anchors per response")
+    parser.add_argument("--vsd-weight", type=float, default=1.0, help="VSD: its term's weight beside distillation")
     parser.add_argument("--resume", action="store_true", help="go on from the run in --out")
     parser.set_defaults(run=_train_draft)
 

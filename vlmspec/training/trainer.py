@@ -306,5 +306,7 @@ def settings_from(args: Any) -> TrainSettings:
         pruning=None if args.pruning == "off" else "verifier",
         max_new_tokens=args.max_new_tokens,
         seed=args.seed,
-        vsd=VSDConfig(samples=args.vsd_samples, length=args.vsd_length, anchors=args.vsd_anchors),
+        vsd=VSDConfig(
+            samples=args.vsd_samples, length=args.vsd_length, anchors=args.vsd_anchors, weight=args.vsd_weight
+        ),
     )
