@@ -13,23 +13,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import av
 import numpy as np
 
-from vlmspec.eval.synthetic import VIDEO_FPS, items, make_item
-
-
-def write_clip(path: Path, frames: list[np.ndarray], fps: float) -> None:
-    """An MP4 (MPEG-4 part 2, yuv420p) of RGB `frames`."""
-    with av.open(str(path), "w") as container:
-        stream = container.add_stream("mpeg4", rate=int(fps))
-        stream.height, stream.width = frames[0].shape[:2]
-        stream.pix_fmt = "yuv420p"
-        for frame in frames:
-            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
+from vlmspec.eval.synthetic import VIDEO_FPS, items, make_item, write_clip
 
 
 def main() -> None:

@@ -9,23 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vlmspec.eval.synthetic import VIDEO_FPS, items
-
-
-def write_video(frames, path: Path) -> None:
-    """Frames `(T, H, W, 3)` as an MP4 at the suite's frame rate."""
-    import av
-
-    with av.open(str(path), "w") as container:
-        stream = container.add_stream("mpeg4", rate=int(VIDEO_FPS))
-        stream.height, stream.width = frames.shape[1:3]
-        stream.pix_fmt = "yuv420p"
-        stream.bit_rate = 4_000_000
-        for frame in frames:
-            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
+from vlmspec.eval.synthetic import VIDEO_FPS, items, write_clip
 
 
 def main() -> None:
@@ -41,7 +25,7 @@ def main() -> None:
         if item.kind == "image":
             item.image.save(name.with_suffix(".png"))
         else:
-            write_video(item.video, name.with_suffix(".mp4"))
+            write_clip(name.with_suffix(".mp4"), item.video, VIDEO_FPS, bit_rate=4_000_000)
     print(f"{args.count} items in {out}")
 
 

@@ -9,7 +9,9 @@ real captions. Training items use seeds below `HELD_OUT_BASE`; held-out items us
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -245,3 +247,20 @@ def corpus(count: int = 4000) -> list[str]:
         ]
         texts.append(caption(rng, kind, background, shapes))
     return texts
+
+
+def write_clip(path: str | Path, frames: Sequence[np.ndarray], fps: float, bit_rate: int | None = None) -> None:
+    """An MP4 (MPEG-4 part 2, yuv420p) of RGB `frames` `(H, W, 3)` at `fps` (PyAV, a development dependency)."""
+    import av
+
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("mpeg4", rate=int(fps))
+        stream.height, stream.width = frames[0].shape[:2]
+        stream.pix_fmt = "yuv420p"
+        if bit_rate is not None:
+            stream.bit_rate = bit_rate
+        for frame in frames:
+            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)

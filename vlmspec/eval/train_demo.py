@@ -37,7 +37,7 @@ from ..processors import chat_messages
 from .accuracy import score_caption, summarize
 from .bench import LONG_VIDEO_FRAMES, LONG_VIDEO_SIZE, SUITES, long_video_processor, suite_inputs, suite_items
 from .demo_pair import DRAFT, TARGET, build_demo_processor, build_demo_tokenizer, build_model, language_model_parameters
-from .synthetic import VIDEO_FPS, Item, items, make_item
+from .synthetic import VIDEO_FPS, Item, items, make_item, write_clip
 
 
 def is_long_video(seed: int, share: float) -> bool:
@@ -163,22 +163,11 @@ def evaluate(
 
 def write_samples(out: Path) -> None:
     """A held-out image (PNG) and video (MP4, 8 frames at 2 fps) for the demo command."""
-    import av
-
     samples = out / "samples"
     samples.mkdir(parents=True, exist_ok=True)
     make_item(items("held-out", 1)[0].seed, "image").image.save(samples / "sample.png")
     video = make_item(items("held-out", 2)[1].seed, "video").video
-    with av.open(str(samples / "sample.mp4"), "w") as container:
-        stream = container.add_stream("mpeg4", rate=int(VIDEO_FPS))
-        stream.height, stream.width = video.shape[1:3]
-        stream.pix_fmt = "yuv420p"
-        stream.bit_rate = 4_000_000
-        for frame in video:
-            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
+    write_clip(samples / "sample.mp4", video, VIDEO_FPS, bit_rate=4_000_000)
 
 
 def parse_args() -> argparse.Namespace:
