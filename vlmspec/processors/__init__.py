@@ -1,7 +1,7 @@
 """Media in: turning images and video frames into what each model family expects."""
 
 from .frame_sampling import EvenSampling, FrameSampling, QwenSampling, UniformSampling
-from .inputs import VisualInputs, image_only
+from .inputs import VisualInputs, append_tokens, image_only
 from .loading import load_processor, video_config
 from .media import (
     IMAGE_EXTENSIONS,
@@ -21,6 +21,7 @@ from .video_config import frame_sampling_for, video_packer_for
 from .video_packing import LlavaOnevisionVideoPacker, QwenVideoPacker
 
 __all__ = [
+    "append_tokens",
     "IMAGE_EXTENSIONS",
     "VIDEO_EXTENSIONS",
     "IMAGE_MARKER",

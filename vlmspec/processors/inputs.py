@@ -232,3 +232,18 @@ class VisualInputs:
             except ValueError:
                 return name
         return None
+
+
+def append_tokens(inputs: dict[str, Any], tokens: torch.Tensor) -> dict[str, Any]:
+    """Processor outputs for one prompt `(1, L)` with text `tokens` `(n,)` appended: the ids, the attention mask (ones)
+    and the token types (text)."""
+    ids = inputs["input_ids"]
+    tail = tokens.to(dtype=ids.dtype, device=ids.device)[None]
+    extended = dict(inputs, input_ids=torch.cat([ids, tail], dim=1))
+    if inputs.get("attention_mask") is not None:
+        mask = inputs["attention_mask"]
+        extended["attention_mask"] = torch.cat([mask, torch.ones_like(tail, dtype=mask.dtype)], dim=1)
+    if inputs.get("mm_token_type_ids") is not None:
+        types = inputs["mm_token_type_ids"]
+        extended["mm_token_type_ids"] = torch.cat([types, torch.zeros_like(tail, dtype=types.dtype)], dim=1)
+    return extended

@@ -17,6 +17,8 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from ..processors import append_tokens
+
 Continuation = tuple[int, ...]
 
 
@@ -64,15 +66,7 @@ def extend_inputs(inputs: dict[str, Any], prefix: Continuation) -> dict[str, Any
     """Processor outputs with `prefix` appended as text tokens (ids, attention mask, token types)."""
     if not prefix:
         return dict(inputs)
-    ids = inputs["input_ids"]
-    tail = torch.tensor([prefix], dtype=ids.dtype, device=ids.device)
-    extended = dict(inputs, input_ids=torch.cat([ids, tail], dim=1))
-    if inputs.get("attention_mask") is not None:
-        extended["attention_mask"] = torch.cat([inputs["attention_mask"], torch.ones_like(tail)], dim=1)
-    if inputs.get("mm_token_type_ids") is not None:
-        types = inputs["mm_token_type_ids"]
-        extended["mm_token_type_ids"] = torch.cat([types, torch.zeros_like(tail, dtype=types.dtype)], dim=1)
-    return extended
+    return append_tokens(inputs, torch.tensor(prefix))
 
 
 @dataclass

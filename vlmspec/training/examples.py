@@ -14,6 +14,7 @@ from transformers import GenerationConfig, PreTrainedModel
 
 from ..adapters import ModelAdapter
 from ..attention import tree_attention
+from ..processors import append_tokens
 from ..pruning import PruningConfig, VerifierScores
 
 
@@ -30,18 +31,6 @@ class Example:
     @property
     def prompt_length(self) -> int:
         return self.inputs["input_ids"].shape[1]
-
-
-def with_tokens(inputs: dict[str, Any], tokens: torch.Tensor) -> dict[str, Any]:
-    """Processor outputs `(1, P)` with text `tokens` (n,) appended: ids, attention mask and token types."""
-    extended = dict(inputs)
-    count = tokens.shape[0]
-    extended["input_ids"] = torch.cat([inputs["input_ids"], tokens[None].to(inputs["input_ids"])], 1)
-    for key in ("attention_mask", "mm_token_type_ids"):
-        if inputs.get(key) is not None:
-            fill = 1 if key == "attention_mask" else 0
-            extended[key] = torch.nn.functional.pad(inputs[key], (0, count), value=fill)
-    return extended
 
 
 def teacher_distribution(logits: torch.Tensor, config: GenerationConfig) -> torch.Tensor:
@@ -66,7 +55,7 @@ def make_example(
     layout = adapter.visual_layout(inputs) if pruning is not None else None
     prune = layout is not None and bool(layout.mask.any())
     scorer = VerifierScores(adapter, layout, pruning.layers) if prune and pruning.method == "verifier" else None
-    full = with_tokens(inputs, response)
+    full = append_tokens(inputs, response)
     with tree_attention(adapter.language_model.config), scorer or nullcontext():
         out = target(
             **adapter.model_inputs(full),
@@ -83,7 +72,7 @@ def make_example(
 def draft_log_probs(draft: PreTrainedModel, adapter: ModelAdapter, example: Example, vocab_limit: int) -> torch.Tensor:
     """The draft's log-probabilities `(R, vocab_limit)` at each response position, reading the prompt's kept tokens
     and the response (with gradient)."""
-    full = with_tokens(example.inputs, example.response)
+    full = append_tokens(example.inputs, example.response)
     keep = None
     if example.keep is not None:
         ones = torch.ones(example.response.shape[0], dtype=torch.bool, device=example.keep.device)

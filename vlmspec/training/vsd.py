@@ -12,7 +12,8 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from ..adapters import ModelAdapter
-from .examples import Example, with_tokens
+from ..processors import append_tokens
+from .examples import Example
 from .objectives import CAR_TEMPERATURE, length_weights, log_path_validity, oracle, vsd_loss
 
 
@@ -49,15 +50,22 @@ def read_prefix(model: PreTrainedModel, adapter: ModelAdapter, inputs: dict, kee
     return Prefix(cache, int(positions[..., -1].max()) + 1, out.logits[0, -1])
 
 
+def _repeated(model: PreTrainedModel, prefix: Prefix, rows: int, detach: bool = False) -> DynamicCache:
+    """A new cache holding the prefix's keys and values for `rows` rows (the prefix's own cache stays as it is)."""
+    cache = DynamicCache(config=model.config)
+    for index, layer in enumerate(prefix.cache.layers):
+        keys, values = (layer.keys.detach(), layer.values.detach()) if detach else (layer.keys, layer.values)
+        cache.update(keys.expand(rows, -1, -1, -1), values.expand(rows, -1, -1, -1), index)
+    return cache
+
+
 def _path_log_probs(
     model: PreTrainedModel, adapter: ModelAdapter, prefix: Prefix, paths: torch.Tensor, vocab_limit: int
 ) -> torch.Tensor:
     """`(N, L)` the log-probability `model` gives each token of `paths` `(N, L)` after the prefix (the prefix's cache
     repeated for the N paths; gradient flows where the cache carries it)."""
     rows, length = paths.shape
-    cache = DynamicCache(config=model.config)
-    for index, layer in enumerate(prefix.cache.layers):
-        cache.update(layer.keys.expand(rows, -1, -1, -1), layer.values.expand(rows, -1, -1, -1), index)
+    cache = _repeated(model, prefix, rows)
     positions = adapter.position_ids(torch.arange(prefix.next_position, prefix.next_position + length - 1))
     first = torch.log_softmax(prefix.last_logits[:vocab_limit].float(), -1).expand(rows, -1)
     logs = [first.gather(1, paths[:, :1])]
@@ -80,11 +88,7 @@ def _sample_paths(
 ) -> torch.Tensor:
     """`(S, L)` paths sampled from the draft after its prefix, token by token."""
     rows = config.samples
-    cache = DynamicCache(config=draft.config)
-    for index, layer in enumerate(prefix.cache.layers):
-        cache.update(
-            layer.keys.detach().expand(rows, -1, -1, -1), layer.values.detach().expand(rows, -1, -1, -1), index
-        )
+    cache = _repeated(draft, prefix, rows, detach=True)
     logits = prefix.last_logits[:vocab_limit].detach().float().expand(rows, -1)
     tokens = []
     for step in range(config.length):
@@ -133,14 +137,14 @@ def _anchor_loss(
     generator: torch.Generator | None,
 ) -> torch.Tensor:
     """Algorithm 1 at one anchor: E-step (proposals, oracle, correction) then the M-step's loss."""
-    inputs = with_tokens(example.inputs, example.response[:anchor])
+    inputs = append_tokens(example.inputs, example.response[:anchor])
     keep = None
     if example.keep is not None:
         keep = torch.cat([example.keep, torch.ones(anchor, dtype=torch.bool, device=example.keep.device)])
     continuation = example.response[anchor : anchor + config.length][None]
     with torch.no_grad():
         target_prefix = read_prefix(target, target_adapter, inputs, None)
-        greedy = _greedy_path(target, target_adapter, inputs, config.length, vocab_limit)
+        greedy = _greedy_path(target, target_adapter, target_prefix, config.length, vocab_limit)
     drafted = read_prefix(draft, draft_adapter, inputs, keep)
     proposals = _sample_paths(draft, draft_adapter, drafted, config, vocab_limit, generator)
     with torch.no_grad():
@@ -162,15 +166,15 @@ def _anchor_loss(
 
 
 def _greedy_path(
-    target: PreTrainedModel, adapter: ModelAdapter, inputs: dict, length: int, vocab_limit: int
+    target: PreTrainedModel, adapter: ModelAdapter, prefix: Prefix, length: int, vocab_limit: int
 ) -> torch.Tensor:
-    """`(1, L)` the target's greedy continuation of a prefix (its oracle's baseline, Algorithm 2)."""
-    prefix = read_prefix(target, adapter, inputs, None)
+    """`(1, L)` the target's greedy continuation of its prefix (its oracle's baseline, Algorithm 2)."""
+    cache = _repeated(target, prefix, 1)
     token = prefix.last_logits[:vocab_limit].argmax()[None, None]
     tokens = [token]
     for step in range(length - 1):
         ids = adapter.position_ids(torch.tensor([prefix.next_position + step])).to(token.device)
-        out = target(input_ids=token, position_ids=ids, cache=prefix.cache, use_cache=True)
+        out = target(input_ids=token, position_ids=ids, cache=cache, use_cache=True)
         token = out.logits[:, -1, :vocab_limit].argmax(-1, keepdim=True)
         tokens.append(token)
     return torch.cat(tokens, 1)
