@@ -242,3 +242,17 @@ def test_a_stream_refuses_embeddings_and_caches_by_name():
     inputs, embeds = _embedded(family, "text")
     with pytest.raises(UnsupportedGenerationError, match="inputs_embeds"):
         _spec(family).prepare({**inputs, "inputs_embeds": embeds}, max_new_tokens=4)
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+def test_a_sequence_its_first_token_ends_returns_the_cache_of_its_prompt(rows):
+    """One prompt alone, or two prefilled together in one forward: the cache is the prompt's keys."""
+    family = FAMILIES["qwen2_5_vl"]
+    inputs = {k: v.expand(rows, *v.shape[1:]) for k, v in family.cases["text"].items()}
+    kwargs = dict(do_sample=False, max_new_tokens=1, return_dict_in_generate=True)
+    expected = family.target.generate(**inputs, **kwargs)
+    got = _spec(family).generate(**inputs, **kwargs)
+    assert torch.equal(got.sequences, expected.sequences)
+    assert got.cache.get_seq_length() == inputs["input_ids"].shape[1]
+    for mine, theirs in zip(got.cache.layers, expected.cache.layers, strict=True):
+        torch.testing.assert_close(mine.keys, theirs.keys, rtol=1e-4, atol=1e-4)

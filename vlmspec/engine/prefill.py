@@ -179,8 +179,8 @@ class Prefiller:
             if not row.sink.finished:
                 row.pending = first[None].to(draft.device)
                 going_on.append(b)
-            elif request.settings.return_cache:
-                row.cache = continuation_of(row, target, prompts[b].slot)
+            else:
+                ended_at_prefill(row, target, prompts[b].slot)
             admitted.append((request, row))
         if going_on:
             keeps = [
@@ -250,9 +250,7 @@ class Prefiller:
         first = settings.sampler.first(prefill.logits, row.sink.sequence)
         row.sink.emit(first[None], prefill.logits)
         if row.sink.finished:
-            if settings.return_cache:
-                row.cache = continuation_of(row, target, prefill.target_prompt.slot)
-            return row
+            return ended_at_prefill(row, target, prefill.target_prompt.slot)
         if not prefill.drafted:
             self.prefill_draft(prefill, settings.max_new_tokens, row.stats, timer)
         timer.collect(wait=True)
@@ -275,9 +273,7 @@ class Prefiller:
         first = request.settings.sampler.first(logits, row.sink.sequence)
         row.sink.emit(first[None], logits)
         if row.sink.finished:
-            if request.settings.return_cache:
-                row.cache = continuation_of(row, target, target_prompt.slot)
-            return row
+            return ended_at_prefill(row, target, target_prompt.slot)
         own = continuation.draft
         draft_ids = request.draft_inputs["input_ids"]
         with timer("draft_prefill"):
@@ -320,6 +316,14 @@ def _similar_lengths(requests: list[RowRequest]) -> list[list[RowRequest]]:
             groups.append([request])
             tokens = length
     return groups
+
+
+def ended_at_prefill(row: Row, target: ModelRunner, slot: int) -> Row:
+    """A row whose first token ended it, keeping what the target's prompt pass wrote in `slot` where its settings
+    return the cache (the draft never read it)."""
+    if row.settings.return_cache:
+        row.cache = continuation_of(row, target, slot)
+    return row
 
 
 def continuation_of(row: Row, target: ModelRunner, slot: int, draft: ModelRunner | None = None) -> Continuation:
