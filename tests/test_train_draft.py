@@ -115,3 +115,12 @@ def test_a_resumed_runs_log_goes_on_from_its_checkpoint(pair, tmp_path):
         log.write(json.dumps({"step": 3, "loss": 1.0}) + '\n{"step": 4, "lo')
     train_draft(_settings(pair, out, steps=4, checkpoint_every=2), resume=True)
     assert [r["step"] for r in _log(out)] == [1, 2, 3, 4]
+
+
+def test_bad_data_is_refused_before_the_run_writes_anything(pair, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"media": 3, "prompt": "x"}\n')
+    out = tmp_path / "run"
+    with pytest.raises(InvalidArgumentError, match="line 1: media"):
+        train_draft(_settings(pair, out, data=str(bad)))
+    assert not out.exists()

@@ -101,13 +101,12 @@ class Run:
         example = make_example(
             self.target, target_adapter, inputs, prepared.response.to(device), self.pruning, self.vocab_limit
         )
-        draft = self.draft
-        distill = kd_loss(draft_log_probs(draft, draft_adapter, example, self.vocab_limit), example.target_probs)
+        distill = kd_loss(draft_log_probs(self.draft, draft_adapter, example, self.vocab_limit), example.target_probs)
         parts = {"kd": float(distill.detach())}
         loss = distill
         if self.settings.objective == "vsd":
             term = vsd_step_loss(
-                self.target, draft, self.adapters, example, self.settings.vsd, self.vocab_limit, self.generator
+                self.target, self.draft, self.adapters, example, self.settings.vsd, self.vocab_limit, self.generator
             )
             if term is not None:
                 loss = loss + self.settings.vsd.weight * term
@@ -126,9 +125,9 @@ def train_draft(settings: TrainSettings, resume: bool = False) -> Path:
     model_class_for(settings.target)
     model_class_for(settings.draft)
     check_tokenizers(settings.target, settings.draft)
+    items = read_items(settings.data)
     _check_resume(settings, out, resume, accelerator)
     run = Run(settings, accelerator)
-    items = read_items(settings.data)
     held_out = items[-settings.eval_items :] if settings.eval_every else []
     training = items[: len(items) - len(held_out)]
     responses = out / f"responses-{accelerator.process_index}.jsonl"
