@@ -17,8 +17,8 @@ from transformers.generation.logits_process import (
 
 from vlmspec.engine.accept import Verdict, accept_greedy_rows, accept_sampled_rows, sampling_noise
 from vlmspec.engine.acceptance import (
-    RootStatistics,
     StepReport,
+    StepStatistics,
     TargetScoring,
     emitted_rows,
     pack_rows,
@@ -152,7 +152,7 @@ def test_the_compiled_greedy_acceptance_takes_the_policys_statistics_as_eager_pa
     eos, rooms, greedy = torch.tensor([[3], [4], [9]]), torch.tensor([5, 1, 4]), torch.tensor([3, 2, 1])
     step = torch.compile(scored_step, fullgraph=True)
     greedy_scoring = TargetScoring(None, None, sample=False, compact=False)
-    root = RootStatistics(policy, root_log_probs)
+    root = StepStatistics(policy, root_log_probs, trees)
     _, _, packed = step(trees, logits, greedy_scoring, None, eos, rooms, greedy, root, True)
     verdict = accept_greedy_rows(trees, logits.argmax(-1))
     tokens = emitted_rows(trees, verdict)

@@ -3,6 +3,7 @@
 from .api import generate, load_pair
 from .engine.stats import SpecStats, StepRecord
 from .errors import (
+    CalibrationError,
     ContextTooLongError,
     EmptyPromptError,
     InvalidArgumentError,
@@ -29,7 +30,12 @@ from .policies import (
     AutoPolicy,
     ChainLengthConfig,
     ChainPolicy,
+    ConfidenceConfig,
+    ConfidencePolicy,
     DraftGateConfig,
+    HeteroSpecConfig,
+    HeteroSpecPolicy,
+    PathEntropyBins,
     SageConfig,
     SageGtConfig,
     SageGtPolicy,
@@ -47,11 +53,16 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AutoPolicy",
+    "CalibrationError",
     "ChainLengthConfig",
     "ChainPolicy",
+    "ConfidenceConfig",
+    "ConfidencePolicy",
     "ContextTooLongError",
     "DraftGateConfig",
     "EmptyPromptError",
+    "HeteroSpecConfig",
+    "HeteroSpecPolicy",
     "InvalidArgumentError",
     "MediaNotFoundError",
     "MediaRejectedError",
@@ -66,6 +77,7 @@ __all__ = [
     "UnsupportedAttentionError",
     "UnsupportedGenerationError",
     "UnsupportedMediaError",
+    "PathEntropyBins",
     "PruningConfig",
     "SageConfig",
     "SageGtConfig",

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from .eval.calibrate_command import add_calibrate_parser
 from .training.command import add_train_draft_parser
 
 if TYPE_CHECKING:
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from .speculative import SpeculativeVLM
 
 # The tree policies by name (as vlmspec.policies.POLICY_NAMES; the CLI does not import torch to parse arguments).
-POLICIES = ("auto", "chain", "static-tree", "sage", "sage-gt")
+POLICIES = ("auto", "chain", "static-tree", "sage", "sage-gt", "heterospec", "confidence")
 # What --compile takes (as vlmspec.engine.compiled.COMPILE_CHOICES).
 COMPILE_CHOICES = ("auto", "on", "off")
 # What `bench` runs unless --methods says (one sequence: `auto` plans as `sage` does; a batched bench adds `auto`).
@@ -500,6 +501,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve_parser(commands)
     _add_bench_serve_parser(commands)
     add_train_draft_parser(commands)
+    add_calibrate_parser(commands)
     return parser
 
 
@@ -573,7 +575,7 @@ def _add_bench_parser(commands: argparse._SubParsersAction) -> None:
         "--methods",
         default=BENCH_METHODS,
         help="comma-separated: ar, ar-compiled, hf-assisted, auto (the default policy), chain, static-tree, specvlm, "
-        "sage, sage-gt, and "
+        "sage, sage-gt, heterospec (needs `vlmspec calibrate` for a pair other than the demo's), confidence, and "
         "sage-full / sage-gt-full (no pruning)",
     )
     bench.add_argument("--n", type=_number(int, 1), default=8)
@@ -608,7 +610,7 @@ def _add_batch_bench_options(bench: argparse.ArgumentParser) -> None:
         "--batch-size",
         type=_batch_sizes,
         help="comma-separated batch sizes (e.g. 1,4,8,16,32): plain batched generate against auto (the default), "
-        "chain, sage and sage-gt decoding that many sequences at once (greedy)",
+        "chain, sage, sage-gt, heterospec and confidence decoding that many sequences at once (greedy)",
     )
     bench.add_argument(
         "--repeats",

@@ -77,6 +77,11 @@ class PromptTypeError(VLMSpecError, TypeError):
     """A prompt that is neither a string nor a list of strings."""
 
 
+class CalibrationError(VLMSpecError, ValueError):
+    """A policy's offline calibration (HeteroSpec's path-entropy bins) missing for a pair, unreadable, or fitted to
+    another pair."""
+
+
 class UnsupportedGenerationError(VLMSpecError, NotImplementedError):
     """A `generate` argument or generation-config field vlmspec cannot honour exactly (beam search, hidden states,
     classifier-free guidance, ...), named with why."""

@@ -28,7 +28,7 @@ from .hf.cache import returned_cache, row_continuations
 from .hf.generation import refuse_early, resolve_generation
 from .hf.model_inputs import PromptInputs, sort_inputs
 from .loading import Quantization, check_model_attention, check_tokenizers, load_model
-from .policies import SageConfig, TreePolicy, resolve_policy
+from .policies import PolicyChoice, resolve_policy
 from .processors import load_processor
 from .pruning import PruningConfig, resolve_pruning
 
@@ -68,7 +68,9 @@ class SpeculativeVLM:
     drawn exactly from the target's distribution), with its logits processors applied to the draft's proposals too.
 
     `policy` is `"auto"` (default: SAGE's trees for a sequence decoded alone, chains for sequences decoded together),
-    `"sage"`, `"sage-gt"`, `"chain"`, `"static-tree"`, a `SageConfig` or a `TreePolicy`. `pruning`
+    `"sage"`, `"sage-gt"`, `"heterospec"` (SAGE's trees extended and cut by the pair's calibrated path-entropy bins,
+    `vlmspec calibrate`), `"confidence"` (chains as long as the draft's mixed confidence says), `"chain"`,
+    `"static-tree"`, one of their configs or a `TreePolicy`. `pruning`
     (`"verifier"` by default, `"uniform"`, `"random"`, a `PruningConfig` or None) cuts the visual tokens the draft
     sees; `prune_ratio` is the share dropped (default 0.9 with video, 0.8 for images). A left-padded batch (as the
     target's processor makes for a list of prompts) decodes all its rows together, each exactly as `generate` would
@@ -88,7 +90,7 @@ class SpeculativeVLM:
         self,
         target: PreTrainedModel,
         draft: PreTrainedModel,
-        policy: str | SageConfig | TreePolicy = "auto",
+        policy: PolicyChoice = "auto",
         *,
         pruning: str | PruningConfig | None = "verifier",
         prune_ratio: float | None = None,
@@ -112,6 +114,7 @@ class SpeculativeVLM:
             vocab_size = len(processor.tokenizer)
         vocab_limit = check_vocabularies(target, draft, vocab_size)
         self.policy = resolve_policy(policy)
+        self.policy.bind(target, draft)
         self.pruning = resolve_pruning(pruning, prune_ratio)
         self._batch = BatchDecoder(
             Prefiller(
@@ -137,7 +140,7 @@ class SpeculativeVLM:
 
     def with_options(
         self,
-        policy: str | SageConfig | TreePolicy = "auto",
+        policy: PolicyChoice = "auto",
         pruning: str | PruningConfig | None = "verifier",
         prune_ratio: float | None = None,
     ) -> SpeculativeVLM:
@@ -159,7 +162,7 @@ class SpeculativeVLM:
         target: str,
         draft: str,
         *,
-        policy: str | SageConfig | TreePolicy = "auto",
+        policy: PolicyChoice = "auto",
         pruning: str | PruningConfig | None = "verifier",
         prune_ratio: float | None = None,
         torch_dtype: torch.dtype | str | None = None,

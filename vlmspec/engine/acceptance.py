@@ -49,16 +49,21 @@ class Acceptance:
 
 
 @dataclass
-class RootStatistics:
-    """What a step's policy reads of the draft's root distribution (`TreePolicy.statistics` of `root_log_probs`
-    (B, V)), taken where the step's acceptance runs: inside its compiled region where it has one."""
+class StepStatistics:
+    """What a step's policy reads of the draft's root distribution and of the grown trees (`TreePolicy.statistics`
+    of `root_log_probs` (B, V), then `TreePolicy.path_statistics` of `trees`), taken where the step's acceptance
+    runs: inside its compiled region where it has one."""
 
     policy: TreePolicy
     root_log_probs: torch.Tensor
+    trees: Trees
 
     def values(self) -> torch.Tensor | None:
         """The policy's values (B, s), or None."""
-        return self.policy.statistics(self.root_log_probs)
+        root, path = self.policy.statistics(self.root_log_probs), self.policy.path_statistics(self.trees)
+        if root is None or path is None:
+            return path if root is None else root
+        return torch.cat([root, path.to(root.device)], dim=1)
 
 
 @dataclass
@@ -92,7 +97,7 @@ def accept_trees(
     sequences: RowSequences,
     eos_token_ids: torch.Tensor,
     rooms: list[int],
-    statistics: RootStatistics | torch.Tensor | None,
+    statistics: StepStatistics | torch.Tensor | None,
     with_tree: bool,
     strings: StringCheck | None = None,
     compact: bool = True,
@@ -116,7 +121,7 @@ def accept_trees(
         made = (drafted, trees, logits, samplers, eos_token_ids, rooms, statistics, with_tree)
         trees, verdict, tokens, packed = _accept_scored(capture, scoring, *made)
     else:
-        if isinstance(statistics, RootStatistics):
+        if isinstance(statistics, StepStatistics):
             statistics = statistics.values()
         verdict = _verdict(trees, logits, samplers, sequences, drafted.sizes, compact)
         tokens = emitted_rows(trees, verdict)
@@ -152,7 +157,7 @@ def _accept_scored(
     samplers: Sequence[TargetSampler],
     eos_token_ids: torch.Tensor,
     rooms: list[int],
-    statistics: RootStatistics | torch.Tensor | None,
+    statistics: StepStatistics | torch.Tensor | None,
     with_tree: bool,
 ) -> tuple[Trees, Verdict, torch.Tensor, torch.Tensor]:
     """`scored_step` of every row (one compiled region where `capture` runs compiled), its noise drawn first: the
@@ -221,14 +226,14 @@ def scored_step(
     eos_token_ids: torch.Tensor,
     rooms: torch.Tensor,
     greedy_depth: torch.Tensor,
-    statistics: RootStatistics | torch.Tensor | None,
+    statistics: StepStatistics | torch.Tensor | None,
     with_tree: bool,
 ) -> tuple[Verdict, torch.Tensor, torch.Tensor]:
     """Every row's acceptance of its tree from the target's `logits` (B, N, V) under the `scoring` all rows share,
     without stop strings, as a pure function of tensors: the scores under the config's processing, then greedy
     acceptance or recursive rejection (by `noise`, drawn before), the emitted tokens (B, depth + 1) and the packed rows
     (`pack_rows`; `rooms` (B,) each row's tokens left; the policy's `statistics` taken here)."""
-    if isinstance(statistics, RootStatistics):
+    if isinstance(statistics, StepStatistics):
         statistics = statistics.values()
     processing, sequences = scoring.processing, scoring.sequences
     if processing is None:

@@ -22,7 +22,7 @@ import torch
 from ..device_tensors import host_values
 from ..errors import RequestCancelled
 from ..policies import BatchShape, StepOutcome, TreePlan, TreePolicy
-from .acceptance import Acceptance, RootStatistics, StepReport, accept_trees
+from .acceptance import Acceptance, StepReport, StepStatistics, accept_trees
 from .commit import plan_commit
 from .compiled import row_bucket
 from .draft import Drafted, GrownTrees, root_trees
@@ -334,7 +334,8 @@ class BatchDecoder:
         with timer("drafting"):
             inputs = self._growth_inputs(draft, pending, depths, processings, draft_sequences)
             if shared:
-                drafted = draft_rows(inputs, rank_tree_shape(plans[0].paths, draft.device), plans[0].top_k)
+                shape = rank_tree_shape(plans[0].paths, draft.device)
+                drafted = draft_rows(inputs, shape, plans[0].top_k, plans[0].node_measure)
             else:
                 drafted = draft_own_trees(inputs, plans)
             grown = [drafted.row(b) for b in range(len(rows))]
@@ -378,7 +379,7 @@ class BatchDecoder:
             proposal.sequences,
             state.eos,
             [row.sink.room for row in rows],
-            None if plain else RootStatistics(policy, drafted.root_log_probs),
+            None if plain else StepStatistics(policy, drafted.root_log_probs, drafted.trees),
             False if plain else policy.reads_tree,
             state.strings,
             capture=self.prefiller.target,

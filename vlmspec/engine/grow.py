@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..device_tensors import arange, filled, host_values
-from ..policies import LevelRules, TreePlan
+from ..policies import LevelRules, NodeMeasure, TreePlan
 from .draft import DraftScoring, GrownTrees, proposal_log_probs, sequence_proposal_log_probs
 from .level_step import MASKED_LEVEL, ROOT_SLOTS, SCORED_MASKED_LEVEL, Choice, Place, Slots, choose, write
 from .model_runner import ModelRunner
@@ -82,25 +82,29 @@ def _root_scores(
     return root_scores, root_scores if root_order is None else root_order
 
 
-def draft_rows(inputs: GrowthInputs, shape: TreeShape, top_k: int) -> GrownTrees:
+def draft_rows(inputs: GrowthInputs, shape: TreeShape, top_k: int, measure: NodeMeasure | None = None) -> GrownTrees:
     """Grow every row's tree of `shape` with one draft forward per level over all rows, row b at most
-    `inputs.max_depths[b]` levels (the others' deeper nodes invalid)."""
+    `inputs.max_depths[b]` levels (the others' deeper nodes invalid); `measure` (None: nothing) what the rows' policy
+    measures of each expanded node."""
     rows = inputs.pending.shape[0]
     depth = min(shape.depth, max(inputs.max_depths))
     n = shape.level_ends[depth]
     logits, last, start, fed_tokens = _root_forward(inputs)
     root = (logits, inputs.pending, last, start, n, inputs.scoring)
     *scores, root_position, tokens, log_probs = SHAPE_ROOT(inputs.draft, *root)
+    measured = None
+    if measure is not None:
+        measured = (measure, torch.full((rows, n, measure.width), torch.nan, device=tokens.device))
     root_log_probs, root_order = _root_scores(inputs, *scores)
     frontier: torch.Tensor | tuple[torch.Tensor, torch.Tensor] = (root_log_probs, root_order)
     cached_depth, forwards = 0, 1
     for level in range(1, depth + 1):
         new = shape.level(level)
         if isinstance(frontier, torch.Tensor):
-            made = (frontier, inputs.scoring, tokens, log_probs)
+            made = (frontier, inputs.scoring, tokens, log_probs, measured)
             fed = SCORED_SHAPE_LEVEL(inputs.draft, shape, level, top_k, *made)
         else:
-            fed = SHAPE_LEVEL(inputs.draft, shape, level, top_k, *frontier, tokens, log_probs)
+            fed = SHAPE_LEVEL(inputs.draft, shape, level, top_k, *frontier, tokens, log_probs, measured)
         if level == depth:
             break
         visible = shape.block(new, slice(1, new.stop), rows)
@@ -113,6 +117,7 @@ def draft_rows(inputs: GrowthInputs, shape: TreeShape, top_k: int) -> GrownTrees
             frontier = inputs.log_probs(logits, tokens[:, : new.stop], ancestors, level)
         cached_depth = level
     trees, greedy_depth, row_depths = _shape_trees(shape, tokens, log_probs, depth, inputs.max_depths)
+    trees.node_statistics = None if measured is None else measured[1]
     sizes = [shape.level_ends[d] for d in row_depths]
     cached = [cached_depth] * rows
     return GrownTrees(trees, root_log_probs[:, 0], cached, greedy_depth, sizes, row_depths, forwards, fed_tokens)
@@ -175,6 +180,8 @@ def draft_own_trees(inputs: GrowthInputs, plans: Sequence[TreePlan]) -> GrownTre
     rules = LevelRules.of(plans, row_depths, device)
     root = (logits, inputs.pending, last, start, rules.reach, capacity, inputs.scoring)
     *scores, root_position, slots = ROOT_SLOTS(inputs.draft, *root)
+    if rules.measure is not None:
+        slots.statistics = torch.full((rows, capacity, rules.measure.width), torch.nan, device=device)
     growth = _Growth(slots, min(row_depths), _Selection.of(plans, rules, masked))
     root_log_probs, root_order = _root_scores(inputs, *scores)
     frontier: torch.Tensor | tuple[torch.Tensor, torch.Tensor] = (root_log_probs, root_order)

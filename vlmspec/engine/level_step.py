@@ -24,7 +24,8 @@ class Slots:
     """Every row's padded levels as they grow, in slots 0..C-1: tokens, path log-probabilities, candidate indices
     (frontier slot times `top_k` plus rank) and which slots are dropped (B, C); ancestor rows (B, C, C); how many
     levels each row may grow (`reach`, (B,)); sage-gt's values of the frontier's nodes (B, F; None at the first
-    level, whose parent is the root, worth 1)."""
+    level, whose parent is the root, worth 1); what the rows' policy measures of each expanded slot (`statistics`,
+    (B, C, s), NaN until its level expands it; None where it measures nothing, `NodeMeasure`)."""
 
     tokens: torch.Tensor
     log_probs: torch.Tensor
@@ -33,6 +34,7 @@ class Slots:
     ancestors: torch.Tensor
     reach: torch.Tensor
     parent_values: torch.Tensor | None = None
+    statistics: torch.Tensor | None = None
 
     @staticmethod
     def start(root: torch.Tensor, capacity: int, reach: torch.Tensor) -> Slots:
@@ -104,7 +106,8 @@ def choose(
 ) -> Choice:
     """Which candidates among its frontier's top-k (by the ranking key `child_order`, of log-probabilities
     `child_log_probs` (B, F, V)) each row drops at `place`: those its rule (`kept`: the fixed rows' masks, see
-    `LevelRules.kept`), its reach and its node cap reject. Compiled, the reach is applied whether or not `place`
+    `LevelRules.kept`), its reach and its node cap reject (the frontier's slots take what the rules' `measure` says
+    of their distributions). Compiled, the reach is applied whether or not `place`
     says some row's ends above the level (where none does it drops nothing), and so is the node cap where no row is
     valued, so that one graph serves both. A cap that cannot bind drops nothing there: every kept candidate scores
     above the dropped ones, and where a level holds fewer slots than a row keeps (the first level, its caps all
@@ -113,6 +116,9 @@ def choose(
     top = child_order.topk(rules.top_k, dim=-1)
     # Ranked by the log-probabilities themselves (no warpers), the top values are theirs.
     top_log_probs = top.values if child_order is child_log_probs else child_log_probs.gather(-1, top.indices)
+    if rules.measure is not None:
+        measured = rules.measure.measure(child_log_probs, top_log_probs)
+        slots.statistics[:, place.frontier[0] : place.frontier[1]] = measured
     left = None
     if (torch.compiler.is_compiling() and not rules.valued) or place.capped:
         # Each row keeps its best children within what it has left.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from ..policies import NodeMeasure
 from .compiled import Captured
 from .draft import DraftScoring, root_of
 from .tree import TreeShape
@@ -40,16 +41,20 @@ def shape_level(
     child_order: torch.Tensor,
     tokens: torch.Tensor,
     log_probs: torch.Tensor,
+    measured: tuple[NodeMeasure, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Write `level` of every row's tree of `shape` into its `tokens` and path `log_probs` (B, N): each frontier
     node's children are the ranks of its draft top-k the shape names, from the frontier's log-probabilities and
-    ranking key `child_log_probs`, `child_order` (B, F, V). Returns the level's tokens (B, n) as the level's draft
-    forward takes them: compiled, contiguous (a compiled forward's graph expects those strides); eager, a view."""
+    ranking key `child_log_probs`, `child_order` (B, F, V); with `measured` (a `NodeMeasure` and the nodes' values
+    (B, N, s)) the frontier's values are written too. Returns the level's tokens (B, n) as the level's draft forward
+    takes them: compiled, contiguous (a compiled forward's graph expects those strides); eager, a view."""
     rows = tokens.shape[0]
     frontier, new = shape.level(level - 1), shape.level(level)
     top = child_order.topk(top_k, dim=-1)
     # Ranked by the log-probabilities themselves (no warpers), the top values are theirs.
     top_log_probs = top.values if child_order is child_log_probs else child_log_probs.gather(-1, top.indices)
+    if measured is not None:
+        measured[1][:, frontier] = measured[0].measure(child_log_probs, top_log_probs)
     count = shape.full[level - 1]
     if count is not None:  # every frontier node's first `count` ranks, in order: views, no gather
         level_tokens = tokens[:, new].view(rows, -1, count)
@@ -75,6 +80,7 @@ def scored_shape_level(
     scoring: DraftScoring,
     tokens: torch.Tensor,
     log_probs: torch.Tensor,
+    measured: tuple[NodeMeasure, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """`shape_level` from the draft's `logits` (B, F, V) of the frontier, under the `scoring` every row shares: the
     frontier's proposal log-probabilities and ranking key are taken here, in the level's region."""
@@ -82,7 +88,7 @@ def scored_shape_level(
     ancestors = shape.ancestors[frontier, : frontier.stop]
     child_log_probs, order = scoring.log_probs(logits, tokens[:, : frontier.stop], ancestors, level - 1)
     child_order = child_log_probs if order is None else order
-    return shape_level(shape, level, top_k, child_log_probs, child_order, tokens, log_probs)
+    return shape_level(shape, level, top_k, child_log_probs, child_order, tokens, log_probs, measured)
 
 
 SHAPE_ROOT = Captured(shape_root, "shared root")

@@ -45,8 +45,8 @@ def slot_trees(
     layout = (written[: rows * n].view(rows, n), written[rows * n : rows * (n + width)].view(rows, width))
     layout += (written[rows * (n + width) : rows * (4 * n + width)].view(3, rows, n), written[rows * (4 * n + width) :])
     tensors = (slots.tokens, slots.log_probs, slots.candidates, slots.ancestors)
-    *fields, visible, greedy_depth = GATHER_NODES(runner, *tensors, *layout, top_k)
-    trees = Trees(*fields[:5], max(tree_depths), fields[5])
+    *fields, visible, greedy_depth, measured = GATHER_NODES(runner, *tensors, *layout, top_k, slots.statistics)
+    trees = Trees(*fields[:5], max(tree_depths), fields[5], measured)
     return trees, visible, greedy_depth, tree_depths
 
 
@@ -60,13 +60,15 @@ def gather_nodes(
     node_layout: torch.Tensor,
     sizes: torch.Tensor,
     top_k: int,
-) -> tuple[torch.Tensor, ...]:
+    statistics: torch.Tensor | None = None,
+) -> tuple[torch.Tensor | None, ...]:
     """The trees' node tensors from the slots' `tokens`, `log_probs`, `candidates` (B, C) and `ancestors` (B, C, C):
     each node's slot (`index`, (B, n)), each slot's node (`new_index`, (B, C)), each node's depth, its level's first
     slot and its parent rule (`node_layout`, (3, B, n): -1 the root, -2 a real node's own parent, else padding's own
     index) and each row's real nodes (`sizes`, (B,)). Returns tokens, path log-probabilities (-inf past the real
     nodes), parents, depths, ancestor rows (B, n, n) and which nodes are real, then the ancestor rows with their
-    edges (`with_edges`) and how deep each row's draft top-1 path reaches (B,)."""
+    edges (`with_edges`), how deep each row's draft top-1 path reaches (B,) and each node's measured `statistics`
+    (B, n, s; None where the slots carry none)."""
     n = index.shape[1]
     node_depths, node_starts, node_fixed = node_layout[0], node_layout[1], node_layout[2]
     is_real = torch.arange(n, device=index.device)[None] < sizes[:, None]
@@ -80,7 +82,10 @@ def gather_nodes(
     node_log_probs = log_probs.gather(1, index).masked_fill(~is_real, -torch.inf)
     greedy_depth = (node_depths * ~off_path.any(dim=2) * is_real).amax(dim=1)
     fields = (tokens.gather(1, index), node_log_probs, node_parents, node_depths, node_ancestors, is_real)
-    return *fields, with_edges(node_ancestors), greedy_depth
+    measured = None
+    if statistics is not None:
+        measured = statistics.gather(1, index[:, :, None].expand(-1, -1, statistics.shape[2]))
+    return *fields, with_edges(node_ancestors), greedy_depth, measured
 
 
 GATHER_NODES = Captured(gather_nodes, "tree gather")

@@ -90,7 +90,8 @@ class Trees:
     (B, N) and (B, N, N): trees of different shapes padded to N nodes, where a padding node is its own parent and
     has no ancestors. They differ in `tokens` and cumulative draft `log_probs` (B, N). `valid` (B, N), when given,
     marks the nodes a row may accept (a row near its token budget drafts the same levels as the others, its deeper
-    nodes invalid; padding is invalid). `depth` is the deepest node's depth.
+    nodes invalid; padding is invalid). `depth` is the deepest node's depth. `node_statistics` (B, N, s), where the
+    rows' plans measure their nodes (`NodeMeasure`), holds each node's values (NaN for a node never expanded).
     """
 
     tokens: torch.Tensor
@@ -100,6 +101,7 @@ class Trees:
     ancestors: torch.Tensor
     depth: int
     valid: torch.Tensor | None = None
+    node_statistics: torch.Tensor | None = None
 
     @property
     def size(self) -> int:
@@ -125,8 +127,9 @@ class Trees:
         if self.tokens.device == device:
             return self
         valid = None if self.valid is None else self.valid.to(device)
+        measured = None if self.node_statistics is None else self.node_statistics.to(device)
         tensors = (self.tokens, self.log_probs, self.parents, self.depths, self.ancestors)
-        return Trees(*(t.to(device) for t in tensors), self.depth, valid)
+        return Trees(*(t.to(device) for t in tensors), self.depth, valid, measured)
 
     def row(self, b: int, nodes: int | None = None, depth: int | None = None) -> Tree:
         """Row `b`'s tree (views, no copy): all its nodes, invalid ones included, or its first `nodes` (the levels up

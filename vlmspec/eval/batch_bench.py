@@ -20,7 +20,7 @@ from .bench import _SPEC_METHODS, machine_description, suite_inputs, suite_promp
 from .vllm_peer import run_vllm_peer, why_not
 
 #: `auto` is the default policy (what a user gets with no policy given).
-BATCH_METHODS = ("auto", "chain", "sage", "sage-gt")
+BATCH_METHODS = ("auto", "chain", "sage", "sage-gt", "heterospec", "confidence")
 
 
 def new_tokens(row: torch.Tensor, prompt_length: int, eos_token_ids: set[int]) -> torch.Tensor:

@@ -52,6 +52,8 @@ METHODS = (
     "specvlm",
     "sage",
     "sage-gt",
+    "heterospec",
+    "confidence",
     "sage-full",
     "sage-gt-full",
 )
@@ -62,6 +64,8 @@ _SPEC_METHODS = {
     "specvlm": ("static-tree", "verifier"),
     "sage": ("sage", "verifier"),
     "sage-gt": ("sage-gt", "verifier"),
+    "heterospec": ("heterospec", "verifier"),
+    "confidence": ("confidence", "verifier"),
     "sage-full": ("sage", None),
     "sage-gt-full": ("sage-gt", None),
 }
@@ -156,6 +160,13 @@ def suite_inputs(processor, suite: str, n: int) -> list[dict[str, torch.Tensor]]
         dict(processor(text, images=images, videos=videos, video_fps=VIDEO_FPS))
         for text, images, videos in suite_prompts(processor, suite, n)
     ]
+
+
+def synthetic_inputs(processor, item: Item) -> dict[str, torch.Tensor]:
+    """One synthetic item processed as the suites' items are."""
+    images, videos = ([item.image], []) if item.kind == "image" else ([], [item.video])
+    text = processor.apply_chat_template(chat_messages(item.prompt, len(images), len(videos)))
+    return dict(processor(text, images=images, videos=videos, video_fps=VIDEO_FPS))
 
 
 def synchronize(device: torch.device) -> None:

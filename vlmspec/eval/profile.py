@@ -28,17 +28,18 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
-from ..policies import AutoPolicy, SageConfig, SageGtConfig
+from ..policies import AutoPolicy, HeteroSpecConfig, SageConfig, SageGtConfig
 from ..policies.draft_gate import DraftGateConfig
 from ..speculative import SpeculativeVLM
 from .trace_counts import TraceCounts, per_step, traced
 
-POLICIES = ("chain", "static-tree", "sage", "sage-gt", "plain")
+POLICIES = ("chain", "static-tree", "sage", "sage-gt", "heterospec", "confidence", "plain")
 #: The policies as an accelerator runs them; `plain` is the default policy where drafting never pays: every step a
 #: plain one (the target's next token alone), what a step costs once the default stops drafting.
 _ON_ACCELERATORS = {
     "sage": lambda: SageConfig(fixed_shapes=True),
     "sage-gt": lambda: SageGtConfig(sage=SageConfig(fixed_shapes=True)),
+    "heterospec": lambda: HeteroSpecConfig(sage=SageConfig(fixed_shapes=True)),
     "plain": lambda: AutoPolicy(gate=DraftGateConfig(cost_ratio=1e9, prior_tokens=1.0, longest_run=1 << 30)),
 }
 #: Qwen2.5-VL-Instruct's released sampling settings (its generation_config.json).

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from .draft_gate import LAST_TOKEN
-from .levels import RowRule
+from .levels import NodeMeasure, RowRule
 
 if TYPE_CHECKING:
-    from ..engine.tree import Tree
+    from ..engine.tree import Tree, Trees
 
 
 class TreePlan(ABC):
@@ -33,7 +33,8 @@ class TreePlan(ABC):
     rather than removed, so growing the tree never waits for the device. None means masked on accelerators only,
     where a read waits for the device; a batch's rows grow as its first plan that says asks. `paths` are the rank
     paths of a fixed tree (None for a tree that depends on the draft's probabilities): rows that all draft one such
-    tree grow it without gathers.
+    tree grow it without gathers. `node_measure` (None: none) is what the policy measures of each expanded node's
+    draft distribution as the tree grows (`NodeMeasure`).
     """
 
     depth: int
@@ -41,6 +42,7 @@ class TreePlan(ABC):
     top_k: int
     masked: bool | None = None
     paths: list[tuple[int, ...]] | None = None
+    node_measure: NodeMeasure | None = None
 
     @abstractmethod
     def rule(self, levels: int) -> RowRule:
@@ -63,9 +65,11 @@ class TreePlan(ABC):
 
 
 class RankTreePlan(TreePlan):
-    """A fixed tree given as paths of child ranks below the root, e.g. `[[0], [1], [0, 0]]`."""
+    """A fixed tree given as paths of child ranks below the root, e.g. `[[0], [1], [0, 0]]` (`node_measure`: what
+    its policy measures of each expanded node, `TreePlan`)."""
 
-    def __init__(self, paths: Sequence[Sequence[int]]):
+    def __init__(self, paths: Sequence[Sequence[int]], node_measure: NodeMeasure | None = None):
+        self.node_measure = node_measure
         paths = [tuple(p) for p in paths]
         if not paths:
             raise ValueError("a tree needs at least one path")
@@ -139,10 +143,10 @@ class StepOutcome:
     along in the step with its root alone, while other rows drafted (`TreePolicy.drafting`).
 
     The engine reads the step's results from the device once: `statistics` holds the values of the policy's
-    `statistics()` for this step, and, for a policy that `reads_tree`, `tree_parents` and `tree_log_probs` are the
-    tree's on the host. Reading `root_log_probs` or `tree` instead makes the host wait for the device again.
-    `sampled` says whether the row samples its tokens (fixed for the row's life): a gate that learns the pair's
-    drafts from greedy rows alone needs it (`RowGate.observe`).
+    `statistics()` for this step, then those of its `path_statistics()`, and, for a policy that `reads_tree`,
+    `tree_parents` and `tree_log_probs` are the tree's on the host. Reading `root_log_probs` or `tree` instead makes
+    the host wait for the device again. `sampled` says whether the row samples its tokens (fixed for the row's
+    life): a gate that learns the pair's drafts from greedy rows alone needs it (`RowGate.observe`).
     """
 
     root_log_probs: torch.Tensor
@@ -192,6 +196,10 @@ class TreePolicy(ABC):
     def reset(self) -> None:
         """Forget everything learned before: called at the start of every continuation a `generate` call draws."""
 
+    def bind(self, target: torch.nn.Module, draft: torch.nn.Module) -> None:
+        """Take, or check, what the policy knows of the pair it decodes for (when a `SpeculativeVLM` is made): by
+        default nothing; a policy calibrated offline refuses a calibration fitted to another pair."""
+
     def for_row(self) -> TreePolicy:
         """The policy of one sequence in a batch: its own per-sequence state, fresh (by default a reset copy); a
         policy that learns about the pair or the device shares that with the other rows."""
@@ -215,6 +223,13 @@ class TreePolicy(ABC):
         the step's results and handed back as `StepOutcome.statistics`; None for none. A function of the distribution
         alone, over any leading dimensions: `root_log_probs` (B, V) of a batch's rows gives (B, values). Where the
         pair runs compiled it is compiled with the step (`fullgraph=True`), so it reads nothing to the host."""
+        return None
+
+    def path_statistics(self, trees: Trees) -> torch.Tensor | None:
+        """Values (B, s) the policy needs from a step's grown trees, beside `statistics`' (after them in
+        `StepOutcome.statistics`): a function of the trees' tensors alone (their `node_statistics`, the values the
+        plan's `node_measure` took, None where a step grew none), taken where the step's acceptance runs, so read with
+        its results; None for none (the default)."""
         return None
 
     def observe(self, step: StepOutcome) -> StepLesson:

@@ -10,7 +10,7 @@ drops, so one grower serves rows of any mix of plans.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -21,6 +21,24 @@ from ..device_tensors import arange, host_tensor, host_values
 if TYPE_CHECKING:
     from .base import TreePlan
     from .calibration import AcceptanceCalibration
+
+
+@dataclass(frozen=True)
+class NodeMeasure:
+    """What a policy measures of each expanded node's draft distribution while the trees grow: `measure` maps the
+    frontier's proposal log-probabilities (B, F, V) and their sorted top-k (B, F, k) to `width` values per node
+    (B, F, width), written into the node's slot in the level that expands it (inside the level's compiled region where
+    the pair runs compiled). A node the growth never expands (the deepest level's) keeps NaN. The trees carry the
+    values (`Trees.node_statistics`), which the policy's `path_statistics` turns into its per-row numbers, read with
+    the step's one packed read."""
+
+    width: int
+    measure: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+    def __deepcopy__(self, memo: dict) -> NodeMeasure:
+        """The measure itself: it never changes, so a batch's row policies share it (and a compiled level's guards
+        see one object)."""
+        return self
 
 
 @dataclass
@@ -84,6 +102,7 @@ class LevelRules:
     free: torch.Tensor | None = None
     fixed: bool = False
     tables: list[tuple[AcceptanceCalibration, tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=list)
+    measure: NodeMeasure | None = None
 
     @staticmethod
     def of(plans: Sequence[TreePlan], reach: list[int], device: torch.device) -> LevelRules:
@@ -117,6 +136,7 @@ class LevelRules:
         if shaped:
             made.free = tail[-1] > 0
         made.fixed = any(rule.keep is not None for rule in rules)
+        made.measure = next((plan.node_measure for plan in plans if plan.node_measure is not None), None)
         return made
 
     @property
