@@ -13,6 +13,7 @@ from vlmspec.eval.accuracy import score_caption
 from vlmspec.eval.batch_bench import markdown_batch_report, run_batch_bench
 from vlmspec.eval.bench import METHODS, autocorrelation, run_bench, write_report
 from vlmspec.eval.synthetic import HELD_OUT_BASE, VIDEO_FRAMES, items, make_item
+from vlmspec.policies import CALIBRATION_FILE, PathEntropyBins
 
 
 def test_items_are_deterministic_per_seed():
@@ -53,8 +54,16 @@ def test_autocorrelation_of_a_smooth_series_is_high():
     assert autocorrelation(series, max_lag=3)[0] > 0.99
 
 
-def test_bench_runs_every_method_on_the_same_inputs(tmp_path, qwen):
-    spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"], processor=qwen.processor)
+@pytest.fixture
+def binned_draft(tmp_path, qwen, monkeypatch):
+    """The noisy draft as if loaded from a folder holding heterospec's bins (as `vlmspec calibrate` leaves one)."""
+    PathEntropyBins(edges=[0.5, 2.0]).save(tmp_path / "draft" / CALIBRATION_FILE)
+    monkeypatch.setattr(qwen.drafts["noisy"].config, "_name_or_path", str(tmp_path / "draft"))
+    return qwen.drafts["noisy"]
+
+
+def test_bench_runs_every_method_on_the_same_inputs(tmp_path, qwen, binned_draft):
+    spec = SpeculativeVLM(qwen.target, binned_draft, processor=qwen.processor)
     results = run_bench(spec, "image", list(METHODS), n=2, max_new_tokens=8, progress=False)
     assert list(results["methods"]) == list(METHODS)
     for name, method in results["methods"].items():
@@ -150,8 +159,10 @@ def test_the_batched_report_puts_the_vllm_peer_beside_vlmspec_and_compares_the_b
 SAMPLED = {"do_sample": True, "temperature": 1.5, "top_k": 50, "top_p": 0.9}
 
 
-def test_a_sampled_bench_gives_every_method_the_settings_and_the_same_seed_per_item(tmp_path, qwen, monkeypatch):
-    spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"], processor=qwen.processor)
+def test_a_sampled_bench_gives_every_method_the_settings_and_the_same_seed_per_item(
+    tmp_path, qwen, binned_draft, monkeypatch
+):
+    spec = SpeculativeVLM(qwen.target, binned_draft, processor=qwen.processor)
     calls: list[tuple[dict, torch.Tensor]] = []
 
     def spy(generate):

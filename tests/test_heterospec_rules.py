@@ -22,12 +22,13 @@ from vlmspec.policies.heterospec import (
     terminal_confidence_rank,
     top_k_entropy,
 )
+from vlmspec.policies.sage import confidence as sage_confidence
 
 NAN = math.nan
 
 
-def made_trees(parents: list[int], log_probs: list[float], entropies: list[float]) -> Trees:
-    """One row's tree: parents (root -1), path log-probabilities and each node's measured entropy."""
+def made_trees(parents: list[int], log_probs: list[float], measured: torch.Tensor | None = None) -> Trees:
+    """One row's tree: parents (root -1), path log-probabilities and each node's measured values (N, s)."""
     n = len(parents)
     ancestors = torch.eye(n, dtype=torch.bool)
     depths = [0] * n
@@ -41,7 +42,7 @@ def made_trees(parents: list[int], log_probs: list[float], entropies: list[float
         depths=torch.tensor(depths),
         ancestors=ancestors,
         depth=max(depths),
-        node_statistics=torch.tensor([entropies])[..., None],
+        node_statistics=None if measured is None else measured[None],
     )
 
 
@@ -58,21 +59,29 @@ def test_the_top_k_entropy_renormalises_the_top_probabilities():
 
 def test_the_best_path_is_the_leaf_whose_last_token_the_draft_was_surest_of_and_its_entropy_sums_its_ancestors():
     # root 0 -> 1 -> 3 (last token 0.9 given 1) and root 0 -> 2 (last token 0.3): leaf 3 wins.
-    log_probs = [0.0, math.log(0.6), math.log(0.3), math.log(0.6 * 0.9)]
-    trees = made_trees([-1, 0, 0, 1], log_probs, [0.5, 0.25, 7.0, NAN])
-    assert float(best_path_entropy(trees)[0]) == pytest.approx(0.5 + 0.25)
+    trees = made_trees([-1, 0, 0, 1], [0.0, math.log(0.6), math.log(0.3), math.log(0.6 * 0.9)])
+    entropy = torch.tensor([[0.5, 0.25, 7.0, NAN]])
+    assert float(best_path_entropy(trees, entropy)[0]) == pytest.approx(0.5 + 0.25)
 
 
 def test_a_leaf_at_the_first_level_sums_the_roots_entropy_alone():
-    log_probs = [0.0, math.log(0.2), math.log(0.8)]
-    trees = made_trees([-1, 0, 0], log_probs, [1.5, NAN, NAN])
-    assert float(best_path_entropy(trees)[0]) == pytest.approx(1.5)
+    trees = made_trees([-1, 0, 0], [0.0, math.log(0.2), math.log(0.8)])
+    assert float(best_path_entropy(trees, torch.tensor([[1.5, NAN, NAN]]))[0]) == pytest.approx(1.5)
 
 
-def test_trees_without_measures_have_no_path_entropy():
-    trees = made_trees([-1, 0], [0.0, -0.1], [0.1, NAN])
-    trees.node_statistics = None
-    assert math.isnan(float(best_path_entropy(trees)[0]))
+def test_heterospec_reads_sages_alpha_and_the_path_entropy_off_the_measured_top_k():
+    top = torch.tensor([[0.7, 0.2, 0.1], [0.5, 0.5, 1e-9], [NAN, NAN, NAN]]).log()
+    trees = made_trees([-1, 0, 1], [0.0, math.log(0.7), math.log(0.35)], top)
+    policy = HeteroSpecPolicy(HeteroSpecConfig(bins=PathEntropyBins(edges=[1.0])))
+    alpha, phi = policy.path_statistics(trees)[0].tolist()
+    assert alpha == pytest.approx(sage_confidence(top[0], 3), abs=1e-6)
+    assert phi == pytest.approx(float(top_k_entropy(top[0]) + top_k_entropy(top[1])), abs=1e-6)
+
+
+def test_trees_without_measures_have_no_path_entropy_nor_alpha():
+    policy = HeteroSpecPolicy(HeteroSpecConfig(bins=PathEntropyBins(edges=[1.0])))
+    values = policy.path_statistics(made_trees([-1, 0], [0.0, -0.1]))
+    assert values.shape == (1, 2) and bool(values.isnan().all())
 
 
 def test_the_terminal_confidence_rank_counts_the_more_probable_nodes():
@@ -189,7 +198,7 @@ def test_confidence_weights_must_sum_to_one():
 
 
 def test_the_chains_confidence_is_the_mean_over_its_measured_positions():
-    trees = made_trees([-1, 0, 1, 2], [0.0, -0.1, -0.2, -0.3], [0.8, 0.6, 0.4, NAN])
+    trees = made_trees([-1, 0, 1, 2], [0.0, -0.1, -0.2, -0.3], torch.tensor([[0.8], [0.6], [0.4], [NAN]]))
     assert float(mean_chain_confidence(trees)[0]) == pytest.approx(0.6)
 
 

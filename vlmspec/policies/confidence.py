@@ -72,9 +72,7 @@ def mixed_confidence(
     """The unified confidence (...,) of distributions given as log-probabilities (..., V) (-inf for a cut token),
     `top_log_probs` their sorted top (two are taken from `log_probs` where fewer are given)."""
     log_probs = log_probs.float()
-    p = log_probs.exp()
-    # p is 0 wherever a log-probability is below -1e4, so clamping leaves the entropy exact and free of 0 * -inf.
-    entropy = -(p * log_probs.clamp_min(-1e4)).sum(-1)
+    entropy = torch.special.entr(log_probs.exp()).sum(-1)
     by_entropy = (1.0 - entropy / math.log(log_probs.shape[-1])).clamp(0.0, 1.0)
     top = top_log_probs.float() if top_log_probs.shape[-1] >= 2 else log_probs.topk(2, dim=-1).values
     by_logits = torch.sigmoid(sharpness * (top[..., 0] - top[..., 1]))

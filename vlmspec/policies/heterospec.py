@@ -18,7 +18,7 @@ map onto. The output is the target's whatever the bins: they change only which t
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,43 +34,38 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class TopKEntropy:
-    """The instantaneous uncertainty of eq. 1 at every expanded node: the entropy of its top-`top_k` draft
-    probabilities renormalised (B, F, 1), from the level's sorted top log-probabilities where they hold `top_k`
-    columns, else its own top-k of the log-probabilities (B, F, V)."""
+class TopKLogProbs:
+    """What the growth keeps of every expanded node for eq. 1: its `top_k` most probable draft log-probabilities
+    (B, F, top_k), the level's sorted top where it holds that many, else their own top-k of the log-probabilities
+    (B, F, V). One copy a level; the entropies are taken once a step, over all nodes (`node_entropies`)."""
 
     top_k: int
 
     def __call__(self, log_probs: torch.Tensor, top_log_probs: torch.Tensor) -> torch.Tensor:
-        top = top_log_probs if top_log_probs.shape[-1] >= self.top_k else log_probs.topk(self.top_k, dim=-1).values
-        return top_k_entropy(top[..., : self.top_k])[..., None]
+        if top_log_probs.shape[-1] >= self.top_k:
+            return top_log_probs[..., : self.top_k]
+        return log_probs.topk(self.top_k, dim=-1).values
 
 
 def top_k_entropy(top_log_probs: torch.Tensor) -> torch.Tensor:
-    """-sum p~ log p~ over the renormalised probabilities of `top_log_probs` (..., k) (a -inf entry counts 0)."""
-    p = torch.softmax(top_log_probs.float(), dim=-1)
-    return -(p * p.clamp_min(1e-30).log()).sum(-1)
+    """-sum p~ log p~ over the renormalised probabilities of `top_log_probs` (..., k) (a -inf entry counts 0; NaN
+    entries give NaN)."""
+    return torch.special.entr(torch.softmax(top_log_probs.float(), dim=-1)).sum(-1)
 
 
-def best_path_entropy(trees: Trees) -> torch.Tensor:
-    """Phi(P*) of every row's tree (B,): over its root-to-leaf paths, the one whose last token has the highest draft
-    probability given its parent, its cumulative entropy: the sum of `node_statistics[..., 0]` (eq. 1's I_t) over the
-    leaf's ancestors (the distributions its tokens were drawn from). NaN for a row with no drafted leaf, or trees
-    that carry no measures (a step that drafted nothing)."""
-    rows, n = trees.tokens.shape
-    if trees.node_statistics is None:
-        return torch.full((rows,), torch.nan, device=trees.tokens.device)
-    entropy = trees.node_statistics[..., 0]
-    strict = trees.row_ancestors() & ~torch.eye(n, dtype=torch.bool, device=entropy.device)
-    phi = torch.where(strict, entropy[:, None, :], 0.0).sum(-1)
-    real = trees.row_depths() > 0
-    if trees.valid is not None:
-        real = real & trees.valid
-    leaves = real & ~strict.any(dim=1)
-    parents = trees.row_parents().clamp_min(0)
-    last_token = trees.log_probs - trees.log_probs.gather(1, parents)
+def best_path_entropy(trees: Trees, entropy: torch.Tensor) -> torch.Tensor:
+    """Phi(P*) of every row's tree (B,), from each node's instantaneous entropy `entropy` (B, N; NaN for a node never
+    expanded): over the tree's root-to-leaf paths, the one whose last token has the highest draft probability given
+    its parent, and the sum of its ancestors' entropies (the distributions its tokens were drawn from). A row of its
+    root alone (one that drafted nothing) gives 0. A fixed number of operations, whatever the rows and trees."""
+    known = entropy.nan_to_num(0.0)
+    ancestors = trees.row_ancestors()
+    phi = (ancestors.to(known.dtype) @ known[..., None])[..., 0] - known
+    # A leaf is its own only descendant (padding has no ancestors, not even itself); the root has depth 0.
+    leaves = (ancestors.sum(1) == 1) & (trees.row_depths() > 0)
+    last_token = trees.log_probs - trees.log_probs.gather(1, trees.row_parents().clamp_min(0))
     best = last_token.masked_fill(~leaves, -torch.inf).argmax(dim=1, keepdim=True)
-    return torch.where(leaves.any(dim=1), phi.gather(1, best)[:, 0], torch.nan)
+    return phi.gather(1, best)[:, 0]
 
 
 def terminal_confidence_rank(parents: list[int], log_probs: list[float], path: list[int]) -> int:
@@ -141,7 +136,7 @@ class HeteroSpecPolicy(SagePolicy):
         bins = self.heterospec.bins
         self.bins = PathEntropyBins.load(bins) if isinstance(bins, (str, Path)) else bins
         top_k = self.bins.top_k if self.bins is not None else self.config.top_k
-        self.measure = NodeMeasure(1, TopKEntropy(top_k))
+        self.measure = NodeMeasure(top_k, TopKLogProbs(top_k))
         self._initial = RankTreePlan(self.config.initial_tree, node_measure=self.measure)
         self.reads_tree = record
         self.records: list[PathRecord] | None = [] if record else None
@@ -166,7 +161,7 @@ class HeteroSpecPolicy(SagePolicy):
                     "HeteroSpecConfig(bins=...)"
                 )
             self.bins = PathEntropyBins.load(found)
-            self.measure = NodeMeasure(1, TopKEntropy(self.bins.top_k))
+            self.measure = NodeMeasure(self.bins.top_k, TopKLogProbs(self.bins.top_k))
             self._initial = RankTreePlan(self.config.initial_tree, node_measure=self.measure)
         if self.bins is not None:
             self.bins.check_pair(target, draft)
@@ -186,14 +181,26 @@ class HeteroSpecPolicy(SagePolicy):
         plan.node_measure = self.measure
         return plan
 
+    def statistics(self, root_log_probs: torch.Tensor) -> None:
+        """None: SAGE's alpha comes from the root's measured top-K entropy (`path_statistics`)."""
+        return None
+
     def path_statistics(self, trees: Trees) -> torch.Tensor:
-        return best_path_entropy(trees)[:, None]
+        """(B, 2): SAGE's alpha = 1 - H_root / log K from the root's top-K entropy, and Phi(P*) (NaN, both, where the
+        trees carry no measures)."""
+        rows = trees.tokens.shape[0]
+        if trees.node_statistics is None:
+            return torch.full((rows, 2), torch.nan, device=trees.tokens.device)
+        entropy = top_k_entropy(trees.node_statistics)
+        alpha = (1.0 - entropy[:, 0] / math.log(trees.node_statistics.shape[-1])).clamp(0.0, 1.0)
+        return torch.stack([alpha, best_path_entropy(trees, entropy)], dim=1)
 
     def observe(self, step: StepOutcome) -> StepLesson:
-        """SAGE's observation (alpha, history), then the bin of this tree's Phi(P*) for the next plan (unchanged where
-        the step measured none)."""
-        lesson = super().observe(step)
-        entropy = step.statistics[1] if step.statistics is not None and len(step.statistics) > 1 else math.nan
+        """SAGE's observation (alpha, history), then the bin of this tree's Phi(P*) for the next plan (alpha and bin
+        unchanged where the step measured none)."""
+        values = step.statistics if step.statistics is not None else [math.nan, math.nan]
+        alpha, entropy = values[0], values[1]
+        lesson = super().observe(replace(step, statistics=[self.alpha if math.isnan(alpha) else alpha]))
         if math.isnan(entropy):
             return lesson
         if self.bins is not None:
