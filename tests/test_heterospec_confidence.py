@@ -18,6 +18,7 @@ from vlmspec import (
     PathEntropyBins,
     SpeculativeVLM,
 )
+from vlmspec.cli import EXIT_CONFIGURATION, main
 from vlmspec.eval.calibrate import calibrate
 from vlmspec.policies import CALIBRATION_FILE
 
@@ -100,3 +101,18 @@ def test_bins_fitted_to_another_draft_are_refused_naming_it(saved_pair):
 def test_heterospec_without_bins_names_the_command_that_fits_them(qwen):
     with pytest.raises(CalibrationError, match="vlmspec calibrate"):
         SpeculativeVLM(qwen.target, qwen.drafts["noisy"], policy="heterospec")
+
+
+def test_the_calibrate_command_prints_the_bins_and_writes_them_where_told(saved_pair, tmp_path, capsys):
+    target, draft, media = saved_pair
+    out = tmp_path / "bins.json"
+    main(["calibrate", "--target", target, "--draft", draft, "--data", media, "--n", "4", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert "| bin | Phi(P*) | paths | mean TCR | depth | nodes |" in printed and f"bins written to {out}" in printed
+    assert PathEntropyBins.load(out).pair["draft"]["model_type"] == "qwen2_5_vl"
+
+
+def test_the_calibrate_command_refuses_no_prompts(capsys):
+    with pytest.raises(SystemExit) as stopped:
+        main(["calibrate", "--n", "0"])
+    assert stopped.value.code == EXIT_CONFIGURATION and "--n" in capsys.readouterr().err

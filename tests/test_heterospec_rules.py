@@ -220,3 +220,12 @@ def test_a_batch_drafts_its_longest_rows_chain():
         row.observe(step)
     plans = policy.plan_batch(rows)
     assert {plan.depth for plan in plans} == {7} and len({id(plan) for plan in plans}) == 1
+
+
+def test_sampled_rows_of_a_batch_draft_their_own_chains():
+    policy = ConfidencePolicy()
+    rows = [policy.for_row() for _ in range(2)]
+    step = chain_step(torch.zeros(4), accepted=1)
+    step.statistics = [0.9]
+    rows[1].observe(step)
+    assert [plan.depth for plan in policy.plan_batch(rows, timed=False)] == [5, 7]

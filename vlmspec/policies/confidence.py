@@ -123,8 +123,12 @@ class ConfidencePolicy(TreePolicy):
         return _chain(self.length, self.measure)
 
     def plan_batch(self, rows: Sequence[TreePolicy], timed: bool = True) -> list[TreePlan]:
-        """A batch verifies every row's chain padded to the longest, so every row drafts the longest row's length:
-        as cheap to verify, and one shared chain grows without gathers."""
+        """A batch verifies every row's chain padded to the longest, so every greedy row drafts the longest row's
+        length: as cheap to verify, and one shared chain grows without gathers. Where a row samples (`timed` False)
+        each row drafts its own length, so its seeded draws follow its own history alone, not what else is in
+        flight."""
+        if not timed:
+            return [row.plan() for row in rows]
         return [_chain(max(row.length for row in rows), self.measure)] * len(rows)
 
     def path_statistics(self, trees: Trees) -> torch.Tensor:
