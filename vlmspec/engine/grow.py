@@ -90,11 +90,9 @@ def draft_rows(inputs: GrowthInputs, shape: TreeShape, top_k: int, measure: Node
     depth = min(shape.depth, max(inputs.max_depths))
     n = shape.level_ends[depth]
     logits, last, start, fed_tokens = _root_forward(inputs)
-    root = (logits, inputs.pending, last, start, n, inputs.scoring)
-    *scores, root_position, tokens, log_probs = SHAPE_ROOT(inputs.draft, *root)
-    measured = None
-    if measure is not None:
-        measured = (measure, torch.full((rows, n, measure.width), torch.nan, device=tokens.device))
+    root = (logits, inputs.pending, last, start, n, inputs.scoring, 0 if measure is None else measure.width)
+    *scores, root_position, tokens, log_probs, statistics = SHAPE_ROOT(inputs.draft, *root)
+    measured = None if measure is None else (measure, statistics)
     root_log_probs, root_order = _root_scores(inputs, *scores)
     frontier: torch.Tensor | tuple[torch.Tensor, torch.Tensor] = (root_log_probs, root_order)
     cached_depth, forwards = 0, 1
@@ -178,10 +176,9 @@ def draft_own_trees(inputs: GrowthInputs, plans: Sequence[TreePlan]) -> GrownTre
     logits, last, start, fed_tokens = _root_forward(inputs)
     capacity = 1 + levels * max(plan.max_nodes for plan in plans)
     rules = LevelRules.of(plans, row_depths, device)
-    root = (logits, inputs.pending, last, start, rules.reach, capacity, inputs.scoring)
+    measured = 0 if rules.measure is None else rules.measure.width
+    root = (logits, inputs.pending, last, start, rules.reach, capacity, inputs.scoring, measured)
     *scores, root_position, slots = ROOT_SLOTS(inputs.draft, *root)
-    if rules.measure is not None:
-        slots.statistics = torch.full((rows, capacity, rules.measure.width), torch.nan, device=device)
     growth = _Growth(slots, min(row_depths), _Selection.of(plans, rules, masked))
     root_log_probs, root_order = _root_scores(inputs, *scores)
     frontier: torch.Tensor | tuple[torch.Tensor, torch.Tensor] = (root_log_probs, root_order)

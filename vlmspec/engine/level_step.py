@@ -37,9 +37,10 @@ class Slots:
     statistics: torch.Tensor | None = None
 
     @staticmethod
-    def start(root: torch.Tensor, capacity: int, reach: torch.Tensor) -> Slots:
+    def start(root: torch.Tensor, capacity: int, reach: torch.Tensor, measured: int = 0) -> Slots:
         """Every row's `capacity` slots holding its root (B,) alone: kept, its own ancestor, of path log-probability
-        0 (the other slots written as the levels grow)."""
+        0 (the other slots written as the levels grow); with `measured` values a slot (`NodeMeasure.width`), their
+        `statistics`, NaN until a level writes them."""
         rows, device = root.shape[0], root.device
         tokens = torch.empty(rows, capacity, dtype=torch.long, device=device)
         log_probs = torch.empty(rows, capacity, device=device)
@@ -50,7 +51,8 @@ class Slots:
         dropped[:, 0] = False
         tokens[:, 0] = root
         log_probs[:, 0] = 0.0
-        return Slots(tokens, log_probs, candidates, dropped, ancestors, reach)
+        statistics = torch.full((rows, capacity, measured), torch.nan, device=device) if measured else None
+        return Slots(tokens, log_probs, candidates, dropped, ancestors, reach, statistics=statistics)
 
 
 def root_slots(
@@ -61,13 +63,14 @@ def root_slots(
     reach: torch.Tensor,
     capacity: int,
     scoring: DraftScoring | None,
+    measured: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, Slots]:
     """From the draft's `logits` (B, P, V) over each row's `pending` tokens (B, P), the last real one (`last`, (B,))
     its root: the root's logits (B, 1, V), or under `scoring` (where every row shares it) its proposal
     log-probabilities and their ranking key (`root_of`); the roots' positions (`start` (B,) plus `last`); and the
-    `capacity` slots holding the roots (`Slots.start`)."""
+    `capacity` slots holding the roots, with room for `measured` values a slot (`Slots.start`)."""
     root, root_scores, root_order = root_of(logits, pending, last, scoring)
-    return root_scores, root_order, start + last, Slots.start(root, capacity, reach)
+    return root_scores, root_order, start + last, Slots.start(root, capacity, reach, measured)
 
 
 ROOT_SLOTS = Captured(root_slots, "draft root")

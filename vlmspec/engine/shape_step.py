@@ -21,16 +21,19 @@ def shape_root(
     start: torch.Tensor,
     n: int,
     scoring: DraftScoring | None,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor]:
+    measured: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """From the draft's `logits` (B, P, V) over each row's `pending` tokens (B, P), the last real one (`last`, (B,))
     its root: the root's logits (B, 1, V), or under `scoring` (where every row shares it) its proposal
-    log-probabilities and their ranking key (`root_of`); the roots' positions (`start` (B,) plus `last`); and the `n`
-    nodes' tokens and path log-probabilities (B, n), the root's written (its path log-probability 0)."""
+    log-probabilities and their ranking key (`root_of`); the roots' positions (`start` (B,) plus `last`); the `n`
+    nodes' tokens and path log-probabilities (B, n), the root's written (its path log-probability 0); and, with
+    `measured` values a node (`NodeMeasure.width`), their tensor (B, n, measured), NaN until a level writes them."""
     rows = logits.shape[0]
     root, root_scores, root_order = root_of(logits, pending, last, scoring)
     tokens = torch.empty(rows, n, dtype=torch.long, device=logits.device)
     tokens[:, 0] = root
-    return root_scores, root_order, start + last, tokens, torch.zeros(rows, n, device=logits.device)
+    statistics = torch.full((rows, n, measured), torch.nan, device=logits.device) if measured else None
+    return root_scores, root_order, start + last, tokens, torch.zeros(rows, n, device=logits.device), statistics
 
 
 def shape_level(

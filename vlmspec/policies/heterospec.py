@@ -61,10 +61,10 @@ def best_path_entropy(trees: Trees, entropy: torch.Tensor) -> torch.Tensor:
     known = entropy.nan_to_num(0.0)
     ancestors = trees.row_ancestors()
     phi = (ancestors.to(known.dtype) @ known[..., None])[..., 0] - known
-    # A leaf is its own only descendant (padding has no ancestors, not even itself); the root has depth 0.
-    leaves = (ancestors.sum(1) == 1) & (trees.row_depths() > 0)
     last_token = trees.log_probs - trees.log_probs.gather(1, trees.row_parents().clamp_min(0))
-    best = last_token.masked_fill(~leaves, -torch.inf).argmax(dim=1, keepdim=True)
+    last_token[:, 0] = -torch.inf  # the root is no candidate (a row of its root alone then takes its Phi, 0)
+    # A leaf is its own only descendant (padding has no ancestors, not even itself).
+    best = torch.where(ancestors.sum(1) == 1, last_token, -torch.inf).argmax(dim=1, keepdim=True)
     return phi.gather(1, best)[:, 0]
 
 
@@ -192,7 +192,7 @@ class HeteroSpecPolicy(SagePolicy):
         if trees.node_statistics is None:
             return torch.full((rows, 2), torch.nan, device=trees.tokens.device)
         entropy = top_k_entropy(trees.node_statistics)
-        alpha = (1.0 - entropy[:, 0] / math.log(trees.node_statistics.shape[-1])).clamp(0.0, 1.0)
+        alpha = torch.rsub(entropy[:, 0], 1.0, alpha=1.0 / math.log(trees.node_statistics.shape[-1])).clamp(0.0, 1.0)
         return torch.stack([alpha, best_path_entropy(trees, entropy)], dim=1)
 
     def observe(self, step: StepOutcome) -> StepLesson:
