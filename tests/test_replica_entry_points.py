@@ -18,7 +18,7 @@ import transformers
 from conftest import DEVICE, device_flags, device_map, on_device
 
 import vlmspec
-from vlmspec import SpeculativeVLM
+from vlmspec import HeteroSpecConfig, PathEntropyBins, SpeculativeVLM
 from vlmspec.api import load_pair
 from vlmspec.cli import main
 from vlmspec.processors import load_image, load_processor
@@ -101,6 +101,18 @@ def from_pretrained(replica_pairs):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_from_pretrained_generate_equals_the_targets_generate(from_pretrained, image_path, reference, family):
     spec = from_pretrained(family)
+    inputs = chat_inputs(spec.processor, PROMPT, images=[load_image(image_path)])
+    ids = spec.generate(**inputs, max_new_tokens=NEW_TOKENS, **greedy_override(family))
+    assert torch.equal(ids[0, inputs["input_ids"].shape[1] :], reference(family)[0])
+
+
+@pytest.mark.parametrize("policy", ["heterospec", "confidence"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_heterospec_and_confidence_decode_the_released_config_as_the_target(
+    from_pretrained, image_path, reference, family, policy
+):
+    chosen = HeteroSpecConfig(bins=PathEntropyBins(edges=[0.5, 1.5, 3.0])) if policy == "heterospec" else policy
+    spec = from_pretrained(family).with_options(chosen)
     inputs = chat_inputs(spec.processor, PROMPT, images=[load_image(image_path)])
     ids = spec.generate(**inputs, max_new_tokens=NEW_TOKENS, **greedy_override(family))
     assert torch.equal(ids[0, inputs["input_ids"].shape[1] :], reference(family)[0])

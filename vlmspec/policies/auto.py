@@ -4,11 +4,11 @@ decoded together, and plain steps wherever drafting does not pay (`draft_gate`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import cache
 
 import torch
 
-from .base import RankTreePlan, StepLesson, StepOutcome, TreePlan, TreePolicy
+from .base import StepLesson, StepOutcome, TreePlan, TreePolicy
+from .chain import chain_plan
 from .chain_length import ChainLength, ChainLengthConfig
 from .draft_gate import NOT_PAYING, DraftGateConfig, RowGate, StepCosts, choose_drafting
 from .sage import SageConfig, SagePolicy
@@ -67,7 +67,7 @@ class AutoPolicy(TreePolicy):
         return self.sage.plan()
 
     def plan_batch(self, rows: Sequence[TreePolicy], timed: bool = True) -> list[TreePlan]:
-        return [_chain(self.lengths.choose(len(rows), timed))] * len(rows)
+        return [chain_plan(self.lengths.choose(len(rows), timed))] * len(rows)
 
     def statistics(self, root_log_probs: torch.Tensor) -> torch.Tensor:
         return self.sage.statistics(root_log_probs)
@@ -91,9 +91,3 @@ class AutoPolicy(TreePolicy):
         if batch is not None and batch.first:
             self.lengths.observe_step(batch.rows, batch.tree_tokens // batch.rows - 1, step.seconds)
         return lesson
-
-
-@cache
-def _chain(length: int) -> RankTreePlan:
-    """The chain of `length` draft tokens (one plan per length, shared: a rank tree never changes)."""
-    return RankTreePlan([[0] * d for d in range(1, length + 1)])

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import cache
 from typing import TYPE_CHECKING
 
 import torch
 
-from .base import RankTreePlan, StepLesson, StepOutcome, TreePlan, TreePolicy
+from .base import StepLesson, StepOutcome, TreePlan, TreePolicy
+from .chain import chain_plan
 from .levels import NodeMeasure
 
 if TYPE_CHECKING:
@@ -100,12 +100,6 @@ def draft_length(confidence: float, config: ConfidenceConfig) -> int:
     return min(config.k_max, max(config.k_min, math.floor(config.aggressiveness * confidence * config.k_max)))
 
 
-@cache
-def _chain(length: int, measure: NodeMeasure) -> RankTreePlan:
-    """The chain of `length` tokens whose expanded nodes are measured (one plan per length and measure)."""
-    return RankTreePlan([[0] * d for d in range(1, length + 1)], node_measure=measure)
-
-
 class ConfidencePolicy(TreePolicy):
     """Chains whose length follows the draft's mixed confidence over the last chain's positions."""
 
@@ -120,7 +114,7 @@ class ConfidencePolicy(TreePolicy):
         self.length = self.config.initial_length
 
     def plan(self) -> TreePlan:
-        return _chain(self.length, self.measure)
+        return chain_plan(self.length, self.measure)
 
     def plan_batch(self, rows: Sequence[TreePolicy], timed: bool = True) -> list[TreePlan]:
         """A batch verifies every row's chain padded to the longest, so every greedy row drafts the longest row's
@@ -129,7 +123,7 @@ class ConfidencePolicy(TreePolicy):
         flight."""
         if not timed:
             return [row.plan() for row in rows]
-        return [_chain(max(row.length for row in rows), self.measure)] * len(rows)
+        return [chain_plan(max(row.length for row in rows), self.measure)] * len(rows)
 
     def path_statistics(self, trees: Trees) -> torch.Tensor:
         return mean_chain_confidence(trees)[:, None]

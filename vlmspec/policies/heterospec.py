@@ -134,10 +134,7 @@ class HeteroSpecPolicy(SagePolicy):
         self.heterospec = config or HeteroSpecConfig()
         super().__init__(self.heterospec.sage)
         bins = self.heterospec.bins
-        self.bins = PathEntropyBins.load(bins) if isinstance(bins, (str, Path)) else bins
-        top_k = self.bins.top_k if self.bins is not None else self.config.top_k
-        self.measure = NodeMeasure(top_k, TopKLogProbs(top_k))
-        self._initial = RankTreePlan(self.config.initial_tree, node_measure=self.measure)
+        self._use_bins(PathEntropyBins.load(bins) if isinstance(bins, (str, Path)) else bins)
         self.reads_tree = record
         self.records: list[PathRecord] | None = [] if record else None
 
@@ -160,11 +157,17 @@ class HeteroSpecPolicy(SagePolicy):
                     "TARGET --draft DRAFT` (it writes heterospec_bins.json next to the draft), or give "
                     "HeteroSpecConfig(bins=...)"
                 )
-            self.bins = PathEntropyBins.load(found)
-            self.measure = NodeMeasure(self.bins.top_k, TopKLogProbs(self.bins.top_k))
-            self._initial = RankTreePlan(self.config.initial_tree, node_measure=self.measure)
+            self._use_bins(PathEntropyBins.load(found))
         if self.bins is not None:
             self.bins.check_pair(target, draft)
+
+    def _use_bins(self, bins: PathEntropyBins | None) -> None:
+        """Take `bins` (None: none yet) and measure each expanded node's top-K as they were fitted with (SAGE's K
+        without bins), the initial tree too."""
+        self.bins = bins
+        top_k = self.config.top_k if bins is None else bins.top_k
+        self.measure = NodeMeasure(top_k, TopKLogProbs(top_k))
+        self._initial = RankTreePlan(self.config.initial_tree, node_measure=self.measure)
 
     def plan(self) -> TreePlan:
         """SAGE's tree from the last root's alpha; in a low-entropy bin of the last tree's Phi(P*), deeper and cut."""
