@@ -4,9 +4,11 @@ bins, the depth extension and node cut, the confidence mix and the length map.""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
+from one_tree import made_tree
 from policy_steps import chain_step
 
 from vlmspec import CalibrationError, ConfidenceConfig, HeteroSpecConfig, PathEntropyBins
@@ -28,22 +30,10 @@ NAN = math.nan
 
 
 def made_trees(parents: list[int], log_probs: list[float], measured: torch.Tensor | None = None) -> Trees:
-    """One row's tree: parents (root -1), path log-probabilities and each node's measured values (N, s)."""
-    n = len(parents)
-    ancestors = torch.eye(n, dtype=torch.bool)
-    depths = [0] * n
-    for node in range(1, n):
-        ancestors[node] |= ancestors[parents[node]]
-        depths[node] = depths[parents[node]] + 1
-    return Trees(
-        tokens=torch.arange(n)[None],
-        log_probs=torch.tensor([log_probs]),
-        parents=torch.tensor(parents),
-        depths=torch.tensor(depths),
-        ancestors=ancestors,
-        depth=max(depths),
-        node_statistics=None if measured is None else measured[None],
-    )
+    """One row's tree: parents (root -1), path log-probabilities (the root's 0) and each node's measured values
+    (N, s)."""
+    tree = made_tree(0, parents[1:], list(range(1, len(parents))), log_probs[1:])
+    return replace(tree.rows(), node_statistics=None if measured is None else measured[None])
 
 
 def test_the_top_k_entropy_is_log_k_for_a_uniform_top_and_zero_for_one_token():
