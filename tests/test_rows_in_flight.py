@@ -13,12 +13,13 @@ CPU = torch.device("cpu")
 
 class Row:
     """A row as the state reads it: a sink over its prompt, its settings, its pending tokens and the tokens plain
-    steps emitted since (`missed`), put after the pending ones by `catch_up`."""
+    steps emitted since (`missed`), put after the pending ones by `catch_up`; a model drafts (no head features)."""
 
     def __init__(self, prompt: list[int], eos: list[int], pending: list[int], budget: int = 8):
         self.settings = DecodeSettings(max_new_tokens=budget, eos_token_ids=torch.tensor(eos), sampler=None)
         self.sink = TokenSink(torch.tensor([prompt]), self.settings, None)
         self.pending = torch.tensor(pending)
+        self.pending_features = None
         self.missed: list[int] = []
 
     @property

@@ -89,3 +89,8 @@ class UnsupportedGenerationError(VLMSpecError, NotImplementedError):
 
 class RequestCancelled(VLMSpecError):
     """A sequence its caller gave up on (a server's client that disconnected): its row was freed at the next step."""
+
+
+class HeadLayoutError(VLMSpecError, ValueError):
+    """A draft head whose files do not follow the EAGLE-3 layout (config fields, weight names or shapes), or that does
+    not fit its target (hidden size, vocabulary, family, feature layers), named with the field."""

@@ -16,6 +16,8 @@ from .adapters.base import EMBEDDING_KEYS
 from .engine.batch import BatchDecoder
 from .engine.budget import KVBudget
 from .engine.compiled import LARGEST_FORWARD, CompileGuard, compiled_forward
+from .engine.features import FeatureTap
+from .engine.head_runner import HeadRunner
 from .engine.model_runner import ModelRunner
 from .engine.prefill import Prefiller
 from .engine.prefix import Continuation
@@ -24,6 +26,7 @@ from .engine.schedule import Arrivals
 from .engine.sequence import DecodeSettings
 from .engine.stats import SpecStats
 from .errors import UnsupportedGenerationError, VocabularyMismatchError
+from .heads import Eagle3Head, HeadAdapter, check_head, is_head, load_head
 from .hf.cache import returned_cache, row_continuations
 from .hf.generation import refuse_early, resolve_generation
 from .hf.model_inputs import PromptInputs, sort_inputs
@@ -40,7 +43,10 @@ def check_vocabularies(target: PreTrainedModel, draft: PreTrainedModel, vocab_si
     below both heads, and below `vocab_size` (the tokenizer's length) when known, are real tokens of both.
     """
     target_vocab = target.get_output_embeddings().weight.shape[0]
-    draft_vocab = draft.get_output_embeddings().weight.shape[0]
+    # A head proposes over the target's vocabulary (its draft vocabulary mapped into it).
+    draft_vocab = (
+        draft.head_config.vocab_size if isinstance(draft, Eagle3Head) else draft.get_output_embeddings().weight.shape[0]
+    )
     if vocab_size is not None and vocab_size > min(target_vocab, draft_vocab):
         raise VocabularyMismatchError(
             f"the tokenizer has {vocab_size} tokens but the target's head has {target_vocab} "
@@ -51,6 +57,25 @@ def check_vocabularies(target: PreTrainedModel, draft: PreTrainedModel, vocab_si
         if t is not None and d is not None and t != d:
             raise VocabularyMismatchError(f"{name} is {d} in the draft but {t} in the target")
     return min(vocab_size or target_vocab, target_vocab, draft_vocab)
+
+
+def _runners(
+    target: PreTrainedModel, draft: PreTrainedModel | Eagle3Head, compile: str | bool, guard: CompileGuard
+) -> tuple[ModelRunner, ModelRunner]:
+    """The target's runner and the drafter's: a VLM's own, or a head's (`HeadRunner`, bound to the target's
+    embeddings and checked against it), the target's forwards then keeping the features the head reads
+    (`FeatureTap`)."""
+    target_adapter = adapter_for(target)
+    tap = None
+    if isinstance(draft, Eagle3Head):
+        if not draft.bound:
+            draft.bind(target.get_input_embeddings())
+        tap = FeatureTap.on(target_adapter.language_model, check_head(draft, target))
+        drafter = HeadRunner(HeadAdapter(draft, target_adapter), compiled_forward(draft, compile, "draft"), guard)
+    else:
+        drafter = ModelRunner(adapter_for(draft), compiled_forward(draft, compile, "draft"), guard, "draft")
+    target_forward = compiled_forward(target, compile, "target")
+    return ModelRunner(target_adapter, target_forward, guard, "target", row_depths=True, tap=tap), drafter
 
 
 def _config_value(config: Any, name: str) -> Any:
@@ -89,7 +114,7 @@ class SpeculativeVLM:
     def __init__(
         self,
         target: PreTrainedModel,
-        draft: PreTrainedModel,
+        draft: PreTrainedModel | Eagle3Head,
         policy: PolicyChoice = "auto",
         *,
         pruning: str | PruningConfig | None = "verifier",
@@ -98,7 +123,6 @@ class SpeculativeVLM:
         processor: Any = None,
         compile: str | bool = "auto",
     ):
-        target_adapter, draft_adapter = adapter_for(target), adapter_for(draft)
         check_model_attention(target, "target")
         check_model_attention(draft, "draft")
         self.target = target
@@ -107,9 +131,7 @@ class SpeculativeVLM:
         self.vocab_size = vocab_size
         self.compile = compile
         guard = CompileGuard(compile)
-        target_forward = compiled_forward(target, compile, "target")
-        self._target_runner = ModelRunner(target_adapter, target_forward, guard, "target", row_depths=True)
-        self._draft_runner = ModelRunner(draft_adapter, compiled_forward(draft, compile, "draft"), guard, "draft")
+        self._target_runner, self._draft_runner = _runners(target, draft, compile, guard)
         if vocab_size is None and processor is not None and getattr(processor, "tokenizer", None) is not None:
             vocab_size = len(processor.tokenizer)
         vocab_limit = check_vocabularies(target, draft, vocab_size)
@@ -174,7 +196,8 @@ class SpeculativeVLM:
         compile: str | bool = "auto",
         **hub_kwargs: Any,
     ) -> SpeculativeVLM:
-        """Load a pair (hub ids or directories) and the target's processor; refuse tokenizers that disagree.
+        """Load a pair (hub ids or directories) and the target's processor; refuse tokenizers that disagree. `draft`
+        may hold a draft head in the EAGLE-3 layout (docs/heads.md): it is loaded beside the target's embeddings.
 
         `torch_dtype=None` loads float32 when no GPU is visible (the checkpoints' bfloat16 is slow on most CPUs,
         and float32 tree verification equals one-token decoding), and the checkpoint's own dtype on a GPU.
@@ -182,14 +205,21 @@ class SpeculativeVLM:
         `device_map="auto"` spreads the target over the available GPUs; the draft goes to `draft_device_map`,
         by default the device holding the target's input embeddings.
         """
-        check_tokenizers(target, draft, **hub_kwargs)
+        head = is_head(draft, **hub_kwargs)
+        if not head:
+            check_tokenizers(target, draft, **hub_kwargs)
         if torch_dtype is None:
             torch_dtype = "auto" if torch.cuda.is_available() else torch.float32
         common = dict(torch_dtype=torch_dtype, attn_implementation=attn_implementation, **hub_kwargs)
         target_model = load_model(target, device_map=device_map, quantization=target_quantization, **common)
-        if draft_device_map is None and device_map is not None:
-            draft_device_map = {"": str(target_model.get_input_embeddings().weight.device)}
-        draft_model = load_model(draft, device_map=draft_device_map, quantization=draft_quantization, **common)
+        if head:
+            # A head computes in the target's dtype, beside the target's embeddings, which it reads.
+            embeddings = target_model.get_input_embeddings().weight
+            draft_model = load_head(draft, dtype=embeddings.dtype, device=embeddings.device, **hub_kwargs)
+        else:
+            if draft_device_map is None and device_map is not None:
+                draft_device_map = {"": str(target_model.get_input_embeddings().weight.device)}
+            draft_model = load_model(draft, device_map=draft_device_map, quantization=draft_quantization, **common)
         processor = load_processor(target, **hub_kwargs)
         return cls(
             target_model,

@@ -13,8 +13,10 @@ from torch.nn.functional import pad
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import Cache
 
+#: The target's features of a prompt's tokens `(B, L, 3H)`, which a draft head's prompt pass reads.
+FEATURE_KEY = "target_features"
 #: Inputs with one vector per prompt token, `(B, L, hidden)`, left-padded in a batch as the token inputs are.
-EMBEDDING_KEYS = ("inputs_embeds",)
+EMBEDDING_KEYS = ("inputs_embeds", FEATURE_KEY)
 
 
 @dataclass

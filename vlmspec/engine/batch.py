@@ -241,17 +241,17 @@ class BatchDecoder:
             if start is None:
                 start = host_values(target.positions(proposal.target_starts), target.device)
             trees = proposal.trees
-            logits = target.forward_rows(trees.tokens, trees.depths, start, proposal.visible, proposal.sizes)
+            logits, features = target.verify(trees.tokens, trees.depths, start, proposal.visible, proposal.sizes)
         with timer("acceptance"):
             accepted = self._accept(state, proposal, logits)
             timer.collect()
             self._judge_on_host(rows, accepted, logits)
         if proposal.plans is None:
-            self._observe_plain(rows, plain, accepted, proposal.kept, step_started)
+            self._observe_plain(rows, plain, accepted, proposal.kept, step_started, features)
         else:
             with timer("tree_update"):
                 starts = (proposal.target_starts, proposal.draft_starts, proposal.fed)
-                state.committed(*self._commit(accepted.reports, proposal.drafted, target, draft, *starts))
+                state.committed(*self._commit(accepted.reports, proposal.drafted, (target, draft), features, *starts))
             drafted = proposal.drafted
             carried = (len(rows) * trees.size, drafted.forwards, drafted.fed_tokens)
             tokens = list(accepted.tokens)
@@ -332,7 +332,7 @@ class BatchDecoder:
         sequences, draft_sequences, kept = self._row_sequences(state, processings, samplers, target.device)
         draft_starts, target_starts = list(draft.lengths), list(target.lengths)
         with timer("drafting"):
-            inputs = self._growth_inputs(draft, pending, depths, processings, draft_sequences)
+            inputs = self._growth_inputs(draft, pending, depths, processings, draft_sequences, state.features)
             if shared:
                 shape = rank_tree_shape(plans[0].paths, draft.device)
                 drafted = draft_rows(inputs, shape, plans[0].top_k, plans[0].node_measure)
@@ -359,11 +359,13 @@ class BatchDecoder:
         depths: list[int],
         processings: list[NodeProcessing | None],
         sequences: RowSequences,
+        features: torch.Tensor | None,
     ) -> GrowthInputs:
         """What the growth of the rows' trees reads: their `pending` tokens ((B, P) and counts), each row growing at
-        most `depths[b]` levels under its draft `processings` over its tokens so far (`sequences`)."""
+        most `depths[b]` levels under its draft `processings` over its tokens so far (`sequences`), a head beside the
+        target's `features` of the tokens before them."""
         limits = (self.vocab_limit, self.draft_input_limit)
-        return GrowthInputs(draft, *pending, depths, *limits, processings, sequences)
+        return GrowthInputs(draft, *pending, depths, *limits, processings, sequences, features)
 
     def _accept(self, state: RowsInFlight, proposal: Proposal, logits: torch.Tensor) -> Acceptance:
         """Every row's accepted path of its proposal, its tokens and its report, on the device (`accept_trees`), under
@@ -386,15 +388,22 @@ class BatchDecoder:
         )
 
     def _observe_plain(
-        self, rows: list[Row], plain: list[str | None], accepted: Acceptance, kept: Kept, step_started: float
+        self,
+        rows: list[Row],
+        plain: list[str | None],
+        accepted: Acceptance,
+        kept: Kept,
+        step_started: float,
+        features: torch.Tensor | None,
     ) -> None:
         """After a step in which no row drafted: the policies learn what it cost, each row records it, its sink takes
-        its token, and the draft owes that token (`missed`)."""
+        its token, and the draft owes that token (`missed`, with the target's `features` of its root (B, 1, F) where a
+        head drafts)."""
         seconds = time.perf_counter() - step_started
         self.policy.observe_plain([row.policy for row in rows], plain, seconds)
         for b, row in enumerate(rows):
             report = accepted.reports[b]
-            row.missed += report.tokens[: report.count]
+            row.miss(report.tokens[: report.count], None if features is None else features[b])
             record = StepRecord(alpha=None, depth=0, width=0.0, nodes=0, accepted=0, tree_depth=0, greedy_depth=0)
             record.seconds, record.plain = seconds, plain[b]
             row.stats.steps.append(record)
@@ -503,19 +512,26 @@ class BatchDecoder:
         self,
         reports: list[StepReport],
         drafted: GrownTrees,
-        target: ModelRunner,
-        draft: ModelRunner,
+        runners: tuple[ModelRunner, ModelRunner],
+        features: torch.Tensor | None,
         target_starts: list[int],
         draft_starts: list[int],
         fed: list[int],
-    ) -> tuple[torch.Tensor, list[int]]:
+    ) -> tuple[torch.Tensor, list[int], torch.Tensor | None]:
         """Keep every row's accepted path in both caches (one gather each); returns the tokens each row's draft has
-        not seen yet, `(B, P)` and counts, which the next step feeds as they are while the rows stay."""
+        not seen yet, `(B, P)` and counts, which the next step feeds as they are while the rows stay, and where a head
+        drafts the verification's `features` (B, N, F) of the tokens before them: the root's and the accepted
+        nodes' (a head keeps none of the tree it was fed, `keeps_tree`, so every emitted token is pending)."""
+        target, draft = runners
         slots = drafted.slots or [None] * len(reports)
-        plan = plan_commit(reports, fed, drafted.cached_depths, slots, target.device, draft.device)
+        cached = drafted.cached_depths if draft.keeps_tree else [0] * len(reports)
+        plan = plan_commit(reports, fed, cached, slots, target.device, draft.device)
         target.keep_rows(target_starts, plan.target, plan.target_counts)
         draft.keep_rows(draft_starts, plan.draft, plan.draft_counts)
-        return plan.pending, plan.pending_counts
+        if features is None:
+            return plan.pending, plan.pending_counts, None
+        index = plan.target[..., None].expand(-1, -1, features.shape[-1])
+        return plan.pending, plan.pending_counts, features.gather(1, index).to(draft.device)
 
 
 def _shared_paths(plans: list[TreePlan]) -> bool:

@@ -26,7 +26,8 @@ def fixed_forward(
     visible: torch.Tensor,
     starts: torch.Tensor,
     slots: torch.Tensor,
-) -> torch.Tensor:
+    features: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`model`'s logits (bucket, q, V) for every row's `tokens` (B, q) at positions `start[b] + depths` (`start`
     (B,), `depths` (q,) or (B, q)), padded to the bucket of rows `starts` spans and the size `slots` (0, 1, ...,
     size - 1) spans, over a `cache` whose rows write from `starts` (bucket,) on and whose keys span its capacity
@@ -34,7 +35,9 @@ def fixed_forward(
     of the row's last w keys after this forward, those `visible` (B, q, w + 2) marks (`with_edges`: column 0 every
     key before them, column w + 1 those after); padding (free slots, and queries past q) sees the first key only, so
     its outputs stay finite, and nothing sees it.
-    `position_ids` makes the model's position ids of 1-D positions. Only the `q` real queries are projected to
+    `position_ids` makes the model's position ids of 1-D positions. A draft head reads each token's `features`
+    (B, q, F), padded as the tokens are, and returns its pre-norm output (bucket, size, H) beside the logits (None
+    for a model). Only the `q` real queries are projected to
     logits (`logits_to_keep`): the rows' logits are then a contiguous tensor's first rows, whatever the padded size.
 
     The padding is gathered (each padded row and query reads the last real one), never copied into a slice of the
@@ -60,7 +63,10 @@ def fixed_forward(
     ids = position_ids(padded_positions.reshape(-1))
     ids = ids.reshape(*ids.shape[:-2], bucket, size)
     inputs = dict(input_ids=padded_tokens, position_ids=ids, attention_mask=mask, cache=cache, use_cache=True)
-    return model(**inputs, logits_to_keep=torch.arange(q, device=device)).logits
+    if features is not None:
+        inputs["features"] = features[row][:, query]
+    out = model(**inputs, logits_to_keep=torch.arange(q, device=device))
+    return out.logits, out.hidden_states if features is not None else None
 
 
 class FixedForward(torch.nn.Module):
@@ -71,7 +77,7 @@ class FixedForward(torch.nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, *args: object) -> torch.Tensor:
+    def forward(self, *args: object) -> tuple[torch.Tensor, torch.Tensor | None]:
         return fixed_forward(self.model, *args)
 
 
@@ -82,6 +88,7 @@ def mark_varying(
     visible: torch.Tensor,
     starts: torch.Tensor,
     slots: torch.Tensor,
+    features: torch.Tensor | None = None,
 ) -> None:
     """Mark the sizes that vary from forward to forward dynamic for the compiler (rows and their bucket, tokens and
     their padded size, and the tree block's width, where at least 2: a size of 1 is compiled apart), so that they
@@ -91,6 +98,8 @@ def mark_varying(
     marks = [(tokens, 0, rows), (start, 0, rows), (visible, 0, rows), (tokens, 1, q), (visible, 1, q)]
     marks += [(depths, depths.ndim - 1, q)] + ([(depths, 0, rows)] if depths.ndim == 2 else [])
     marks += [(starts, 0, starts.shape[0]), (slots, 0, slots.shape[0])]
+    if features is not None:
+        marks += [(features, 0, rows), (features, 1, q)]
     for tensor, dim, size in marks:
         if size > 1:
             torch._dynamo.maybe_mark_dynamic(tensor, dim)

@@ -30,7 +30,8 @@ class GrowthInputs:
     `pending` (B, P), its first `counts[b]` (the last of them the row's root); how many levels each row may grow
     (`max_depths`, its budget); the ids the draft may propose (`vocab_limit`) and embed (`input_limit`); and each row's
     config processing of the draft's logits (None: none) and tokens so far (read only where a row processes its
-    logits)."""
+    logits); a head's `features` of the tokens before the pending ones (B, P, F), from the target (None: a model
+    drafts)."""
 
     draft: ModelRunner
     pending: torch.Tensor
@@ -40,6 +41,7 @@ class GrowthInputs:
     input_limit: int
     processings: Sequence[NodeProcessing | None]
     sequences: RowSequences
+    features: torch.Tensor | None = None
     plain: bool = field(init=False)
     scoring: DraftScoring | None = field(init=False)
 
@@ -149,7 +151,9 @@ def _root_forward(inputs: GrowthInputs) -> tuple[torch.Tensor, torch.Tensor, tor
     last = host_values([c - 1 for c in counts], device)
     start = host_values(draft.positions(draft.lengths), device)
     fed = pending.clamp_max(inputs.input_limit - 1)
-    logits = draft.forward_rows(fed, arange(fed.shape[1], device), start, None, counts)
+    # A head's tokens come with the target's features of the tokens before them; a model's alone.
+    read = {} if inputs.features is None else {"features": inputs.features}
+    logits = draft.forward_rows(fed, arange(fed.shape[1], device), start, None, counts, **read)
     return logits, last, start, rows * fed.shape[1]
 
 

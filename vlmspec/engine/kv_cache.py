@@ -41,11 +41,12 @@ def check_cache(config: PretrainedConfig) -> None:
 class PromptSlot:
     """A prompt a pass wrote into a `RowCache`: the slots `held` hold its keys at indices 0 to `length` (the slot the
     pass wrote and the rows that took it in, each until a later write takes it), and its token at index i sits at
-    position `i + offset`."""
+    position `i + offset`. A tapped target's pass keeps the prompt's `features` (L, 3H) for a draft head."""
 
     held: list[int]
     length: int
     offset: int = 0
+    features: torch.Tensor | None = None
 
     @property
     def slot(self) -> int | None:

@@ -13,6 +13,7 @@ from ..adapters import ModelAdapter
 from ..attention import tree_attention
 from ..device_tensors import arange, host_values
 from .compiled import CHECK_TOKENS, CompileGuard, GuardedRunner, padded_size, padded_sizes
+from .features import FeatureTap
 from .fixed_forward import fixed_forward, mark_varying
 from .kv_cache import TREE_ROOM, PromptSlot, RowCache, check_cache
 from .prefix import CachedPrefix
@@ -27,8 +28,10 @@ class ModelRunner(GuardedRunner):
     With `compiled` (the model under `torch.compile`) every decoding forward runs fixed-shape through it: the rows
     padded to their bucket (`row_bucket`), the tokens to a padded size, the mask over the cache's rounded capacity;
     prompt passes run eager. `guard` (the pair's) decides what a compiled forward that fails does: raise, or turn the
-    pair eager and run it again eager. `row_depths` says which depths the fixed forwards take: every row's own
-    (the target's trees) or one for all rows (the draft's levels). Each batch (`start`) takes the last batch's fixed
+    pair eager and run it again eager. With a `tap` (a target paired with a draft head) its forwards keep the features
+    the head reads: `verify` returns them beside the logits, and a prompt pass's prompts carry them. `row_depths`
+    says which depths the fixed forwards take: every row's own (the target's trees) or one for all rows (the draft's
+    levels). Each batch (`start`) takes the last batch's fixed
     buffers, so compiled graphs keep their addresses.
     """
 
@@ -39,9 +42,11 @@ class ModelRunner(GuardedRunner):
         guard: CompileGuard | None = None,
         role: str = "model",
         row_depths: bool = False,
+        tap: FeatureTap | None = None,
     ):
         super().__init__(adapter, compiled, guard, role)
         self.row_depths = row_depths
+        self.tap = tap
         check_cache(adapter.model.config)
         self.cache = RowCache(adapter.layer_devices(), fixed=compiled is not None)
         self.offsets: list[int] = []
@@ -73,11 +78,12 @@ class ModelRunner(GuardedRunner):
         """Run one prompt (only its `keep` tokens, if given) into the next free slot, with room for `room` more tokens
         (and a tree's); returns the last prompt token's logits and the prompt as written, for `take`."""
         self.refresh()
-        length = inputs["input_ids"].shape[1] if keep is None else int(keep.sum())
+        length = self.entries(inputs["input_ids"].shape[1] if keep is None else int(keep.sum()))
         writer = self.cache.writer([length], room + TREE_ROOM)
         with tree_attention(self.adapter.language_model.config):
             result = self.adapter.prefill(inputs, writer, keep)
         (prompt,) = writer.prompts([result.next_position - result.length])
+        prompt.features = None if self.tap is None else self.tap.take()[0]
         return result.last_logits.to(self.device), prompt
 
     def prefill_rows(
@@ -88,11 +94,17 @@ class ModelRunner(GuardedRunner):
         written, for `take`. With `keep` (B, L) bool only the kept tokens run, left-padded again to the most any row
         keeps (`lengths` then counts them)."""
         self.refresh()
+        lengths = [self.entries(length) for length in lengths]
         writer = self.cache.writer(lengths, room + TREE_ROOM)
         with tree_attention(self.adapter.language_model.config):
             logits, positions = self.adapter.prefill_rows(inputs, writer, keep)
         offsets = [position - length for position, length in zip(positions, lengths, strict=True)]
-        return logits.to(self.device), writer.prompts(offsets)
+        prompts = writer.prompts(offsets)
+        if self.tap is not None:
+            features = self.tap.take()
+            for b, prompt in enumerate(prompts):
+                prompt.features = features[b, features.shape[1] - lengths[b] :]
+        return logits.to(self.device), prompts
 
     def prefill_continued(
         self, input_ids: torch.Tensor, prefix: CachedPrefix, room: int
@@ -110,6 +122,7 @@ class ModelRunner(GuardedRunner):
         for index, layer in enumerate(cache.layers):
             writer.write(index, layer.keys, layer.values)
         (prompt,) = writer.prompts([prefix.next_position - prefix.length])
+        prompt.features = None if self.tap is None else self.tap.take()[0]
         return logits.to(self.device), prompt
 
     def prefix_of(self, slot: int, length: int, covers: int) -> CachedPrefix:
@@ -147,6 +160,7 @@ class ModelRunner(GuardedRunner):
         visible: torch.Tensor | None,
         counts: list[int] | None = None,
         eager: bool = False,
+        features: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Every row feeds `tokens` (B, q) at positions `start[b] + depths` (`depths` (q,) or (B, q)); row b's first
         `counts[b]` (all, by default) enter its cache. With `visible` (q, w), as `with_edges` gives it (q, w + 2),
@@ -154,21 +168,52 @@ class ModelRunner(GuardedRunner):
         marked ones, and every key before them; with (B, q, w + 2) each row marks its own (trees of different
         shapes); with None, the row's keys up to its own (a causal block). Returns the logits (B, q, V). A fixed
         number of operations, whatever the rows. `eager` runs the model's own forward where a compiled one is held
-        (what the compile check compares the compiled forwards with)."""
+        (what the compile check compares the compiled forwards with). `features` (B, q, F): what a draft head reads
+        beside each token (the target's hidden states before it); a model reads none."""
+        return self._forward(tokens, depths, start, visible, counts, eager, features)[0]
+
+    def verify(
+        self,
+        tokens: torch.Tensor,
+        depths: torch.Tensor,
+        start: torch.Tensor,
+        visible: torch.Tensor | None,
+        counts: list[int] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`forward_rows`, and the features the forward's `tap` kept of every token (B, q, 3H) as it ran (None
+        without a tap): what a draft head reads next."""
+        logits = self.forward_rows(tokens, depths, start, visible, counts)
+        if self.tap is None:
+            return logits, None
+        return logits, self.tap.take(tokens.shape[0], tokens.shape[1])
+
+    def _forward(
+        self,
+        tokens: torch.Tensor,
+        depths: torch.Tensor,
+        start: torch.Tensor,
+        visible: torch.Tensor | None,
+        counts: list[int] | None,
+        eager: bool,
+        features: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`forward_rows`' logits (B, q, V), and a head's pre-norm output (B, q, H) (None for a model)."""
         cache, device = self.cache, self.device
         rows, q = tokens.shape
         cache.prepare(self._fed(q))
         counts = [q] * rows if counts is None else counts
         if cache.fixed:
-            return self._run_fixed(tokens, start, depths, _row_visible(visible, rows, q, device), counts, eager)
+            visible = _row_visible(visible, rows, q, device)
+            return self._run_fixed(tokens, start, depths, visible, counts, eager, features)
+        positions = start[:, None] + depths
         if rows == 1 and q == 1 and visible is None:
             # One token sees every key: unmasked, as `generate`'s step attends (a plain step).
-            return self._run(tokens, start[:, None] + depths, None, counts)
+            return self._run(tokens, positions, None, counts, features)
         if rows == 1:
             # One row sees every key before its block: the mask covers the block alone, and the prefix is attended
             # unmasked on the fused kernel (`tree_block_attention`), whose cost stays flat as long prompts grow.
             block = arange(q, device)[None, :] <= arange(q, device)[:, None] if visible is None else visible[..., 1:-1]
-            return self._run(tokens, start[:, None] + depths, block.reshape(1, q, -1), counts)
+            return self._run(tokens, positions, block.reshape(1, q, -1), counts, features)
         relative = arange(cache.span, device)[None, :] - cache.starts[:rows, None]
         if visible is None:
             seen = relative[:, None, :] <= arange(q, device)[None, :, None]
@@ -179,7 +224,7 @@ class ModelRunner(GuardedRunner):
                 seen = visible[:, columns].transpose(0, 1)
             else:
                 seen = visible.gather(2, columns[:, None, :].expand(-1, q, -1))
-        return self._run(tokens, start[:, None] + depths, seen, counts)
+        return self._run(tokens, positions, seen, counts, features)
 
     def warm_up(self, largest: int) -> None:
         """Run the compiled forward once at every padded size up to `largest` tokens over the rows (compiling each),
@@ -224,25 +269,44 @@ class ModelRunner(GuardedRunner):
         device with whatever else it copies)."""
         return [offset + i for offset, i in zip(self.offsets, index, strict=True)]
 
+    def entries(self, tokens: int) -> int:
+        """The cache entries a prompt of `tokens` (kept) tokens takes: one a token (a head's one fewer: each entry
+        holds a token beside the feature before it)."""
+        return tokens
+
+    @property
+    def keeps_tree(self) -> bool:
+        """Whether a step's commit keeps the accepted nodes a drafter was fed in its cache (a model's entries are its
+        tokens'; a head's were made from its own outputs and are fed again with the target's features)."""
+        return True
+
     def _fed(self, q: int) -> int:
         """The tokens a forward of `q` feeds each row: `q`, padded on a fixed cache."""
         return padded_size(q) if self.cache.fixed else q
 
     def _run(
-        self, tokens: torch.Tensor, positions: torch.Tensor, seen: torch.Tensor | None, counts: list[int]
-    ) -> torch.Tensor:
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        seen: torch.Tensor | None,
+        counts: list[int],
+        features: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The eager forward over `tokens` (B, q) at `positions`, each query seeing the keys `seen` (B, q, span) marks
-        (None: every key, no mask); the first `counts[b]` of row b enter its cache. Returns the logits (B, q, V)."""
+        (None: every key, no mask), a head reading `features`; the first `counts[b]` of row b enter its cache.
+        Returns the logits (B, q, V) and a head's pre-norm output (None for a model)."""
         mask = None if seen is None else torch.where(seen, self._zero, torch.finfo(self.dtype).min)[:, None]
         position_ids = self.adapter.position_ids(positions.reshape(-1))
         position_ids = position_ids.reshape(*position_ids.shape[:-2], *tokens.shape)
         inputs = dict(
             input_ids=tokens, position_ids=position_ids, attention_mask=mask, cache=self.cache, use_cache=True
         )
+        if features is not None:
+            inputs["features"] = features
         with tree_attention(self.adapter.language_model.config):
-            logits = self.adapter.model(**inputs).logits
+            out = self.adapter.model(**inputs)
         self.cache.commit(counts)
-        return logits.to(self.device)
+        return out.logits.to(self.device), out.hidden_states if features is not None else None
 
     def _run_fixed(
         self,
@@ -252,32 +316,37 @@ class ModelRunner(GuardedRunner):
         visible: torch.Tensor,
         counts: list[int],
         eager: bool,
-    ) -> torch.Tensor:
+        features: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The fixed-shape forward (`fixed_forward`) over `tokens` (B, q) at `start[b] + depths` under the tree block
-        `visible` (B, q, w + 2), through the compiled form (one region) unless `eager` or none is held; the first
-        `counts[b]` tokens of row b enter its cache. Returns the logits (B, q, V)."""
+        `visible` (B, q, w + 2), a head reading `features`, through the compiled form (one region) unless `eager` or
+        none is held; the first `counts[b]` tokens of row b enter its cache. Returns the logits (B, q, V) and a head's
+        pre-norm output (B, q, H) (None for a model)."""
         rows, q = tokens.shape
         cache = self.cache
         slots = arange(padded_size(q), self.device)
         tokens, visible = _standard(tokens), _standard(visible)
         depths = _standard(self._depth_form(depths, rows))
-        arguments = (self.adapter.position_ids, cache, tokens, start, depths, visible, cache.starts, slots)
+        features = None if features is None else _standard(features)
+        arguments = (self.adapter.position_ids, cache, tokens, start, depths, visible, cache.starts, slots, features)
         with tree_attention(self.adapter.language_model.config):
             if self.compiled is None or eager:
-                logits = fixed_forward(self.adapter.model, *arguments)
+                logits, hidden = fixed_forward(self.adapter.model, *arguments)
             else:
-                mark_varying(tokens, start, depths, visible, cache.starts, slots)
+                mark_varying(tokens, start, depths, visible, cache.starts, slots, features)
                 try:
-                    logits = self.compiled(*arguments)
+                    logits, hidden = self.compiled(*arguments)
                 except Exception as error:
                     if self.guard is None:
                         raise
                     self.guard.fall_back(f"the {self.role}'s compiled {tuple(tokens.shape)} forward", error)
-                    logits = fixed_forward(self.adapter.model, *arguments)
+                    logits, hidden = fixed_forward(self.adapter.model, *arguments)
         self.cache.commit(counts)
-        logits = logits[:rows]
+        logits, hidden = logits[:rows], None if hidden is None else hidden[:rows, :q]
         # A CUDA graph's outputs live in its memory pool, which its next replay overwrites.
-        return logits.clone() if logits.device.type == "cuda" else logits.to(self.device)
+        if logits.device.type == "cuda":
+            return logits.clone(), None if hidden is None else hidden.clone()
+        return logits.to(self.device), hidden
 
     def _depth_form(self, depths: torch.Tensor, rows: int) -> torch.Tensor:
         """`depths` in the one form this model's fixed forwards take, so that a graph never compiles again for

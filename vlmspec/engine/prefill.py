@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from ..adapters import VisualLayout
+from ..adapters.base import FEATURE_KEY
 from ..policies import TreePolicy
 from ..pruning import PruningConfig, VerifierScores, scoring
 from .kv_cache import PromptSlot
@@ -101,7 +102,8 @@ class Prefiller:
             with timer("pruning"):
                 keep = self.draft_keep(prefill.target_inputs, prefill.layout, prefill.scores)
         with timer("draft_prefill"):
-            _, prefill.draft_prompt = draft.prefill(prefill.draft_inputs, room, keep)
+            inputs = with_features(prefill.draft_inputs, prefill.target_prompt.features)
+            _, prefill.draft_prompt = draft.prefill(inputs, room, keep)
         stats.draft_prefill_tokens = prefill.draft_prompt.length
 
     def admit(self, requests: list[RowRequest]) -> list[tuple[RowRequest, Row | Exception]]:
@@ -177,7 +179,7 @@ class Prefiller:
             first = request.settings.sampler.first(logits[b], row.sink.sequence)
             row.sink.emit(first[None], logits[b])
             if not row.sink.finished:
-                row.pending = first[None].to(draft.device)
+                row.start_pending(first, prompts[b].features, draft.device)
                 going_on.append(b)
             else:
                 ended_at_prefill(row, target, prompts[b].slot)
@@ -187,7 +189,9 @@ class Prefiller:
                 self._draft_keep(requests[b], layouts[b], scorers[b], admitted[b][1]) if prunes[b] else None
                 for b in going_on
             ]
-            drafts = self.prefill_drafts([requests[b] for b in going_on], keeps, [admitted[b][1] for b in going_on])
+            features = [prompts[b].features for b in going_on]
+            drafting = [requests[b] for b in going_on]
+            drafts = self.prefill_drafts(drafting, keeps, [admitted[b][1] for b in going_on], features)
             for b in going_on:
                 target.take(prompts[b], requests[b].settings.max_new_tokens)
             for prompt, b in zip(drafts, going_on, strict=True):
@@ -205,12 +209,18 @@ class Prefiller:
         return keep
 
     def prefill_drafts(
-        self, requests: list[RowRequest], keeps: list[torch.Tensor | None], rows: list[Row]
+        self,
+        requests: list[RowRequest],
+        keeps: list[torch.Tensor | None],
+        rows: list[Row],
+        features: list[torch.Tensor | None] | None = None,
     ) -> list[PromptSlot]:
-        """Prefill the draft over the requests' prompts, each cut to its `keeps`, in one left-padded forward; returns
-        the prompts as written into the draft's cache."""
+        """Prefill the draft over the requests' prompts, each cut to its `keeps`, in one left-padded forward (a head
+        reading the target's `features` of each prompt); returns the prompts as written into the draft's cache."""
         draft = self.draft
-        batch = draft.adapter.join_rows([r.draft_inputs for r in requests], 0)
+        features = features or [None] * len(requests)
+        inputs = [with_features(r.draft_inputs, f) for r, f in zip(requests, features, strict=True)]
+        batch = draft.adapter.join_rows(inputs, 0)
         width = batch["input_ids"].shape[1]
         pads = [width - r.draft_inputs["input_ids"].shape[1] for r in requests]
         keep = None
@@ -257,7 +267,7 @@ class Prefiller:
         target.take(prefill.target_prompt, settings.max_new_tokens)
         draft.take(prefill.draft_prompt, settings.max_new_tokens)
         row.draft_prompt = prefill.draft_prompt.length
-        row.pending = first[None].to(draft.device)
+        row.start_pending(first, prefill.target_prompt.features, draft.device)
         return row
 
     def _admit_continued(self, row: Row, continuation: Continuation) -> Row:
@@ -286,7 +296,7 @@ class Prefiller:
         target.take(target_prompt, room)
         draft.take(draft_prompt, room)
         row.draft_prompt = draft_prompt.length
-        row.pending = first[None].to(draft.device)
+        row.start_pending(first, target_prompt.features, draft.device)
         return row
 
     def release(self) -> None:
@@ -295,6 +305,14 @@ class Prefiller:
         self._shared = None
         self.target.release()
         self.draft.release()
+
+
+def with_features(inputs: dict[str, Any], features: torch.Tensor | None) -> dict[str, Any]:
+    """A draft's prompt inputs with the target's `features` of the prompt (L, 3H) where its pass kept them (for a
+    draft head); as they are otherwise."""
+    if features is None:
+        return inputs
+    return {**inputs, FEATURE_KEY: features[None].to(inputs["input_ids"].device)}
 
 
 #: The most padding a batched prefill may carry, as a share of its prompts' own tokens (a padded token costs what a

@@ -85,6 +85,9 @@ class Row:
         self.started = time.perf_counter()
         self.pending: torch.Tensor | None = None
         self.missed: list[int] = []
+        #: A draft head's features of the tokens before the pending ones (P, F), then of the missed ones.
+        self.pending_features: torch.Tensor | None = None
+        self.missed_features: list[torch.Tensor] = []
         self.cache: Continuation | None = None
         #: The draft's cache entries that hold the prompt (fewer than its tokens where pruning cut it).
         self.draft_prompt = 0
@@ -99,13 +102,29 @@ class Row:
         """The tokens of its own sequence so far, the target's inputs and the new tokens, padding aside."""
         return self.request.target_inputs["input_ids"].shape[1] + self.sink.new_tokens
 
+    def start_pending(self, first: torch.Tensor, features: torch.Tensor | None, device: torch.device) -> None:
+        """The first token the draft is fed, after its prompt, with the target's feature of the last prompt token
+        where a head drafts (`features` (L, F) of the prompt; None otherwise)."""
+        self.pending = first[None].to(device)
+        self.pending_features = None if features is None else features[-1:].to(device)
+
+    def miss(self, tokens: list[int], features: torch.Tensor | None) -> None:
+        """Tokens a plain step emitted, which the draft is fed when it next drafts, with the target's features of the
+        tokens before them `(n, F)` where a head drafts."""
+        self.missed += tokens
+        if features is not None and tokens:
+            self.missed_features.append(features[: len(tokens)])
+
     def catch_up(self, device: torch.device) -> bool:
         """Put the tokens plain steps emitted after the draft's `pending` ones, to be fed at its next forward; says
         whether there were any."""
         if not self.missed:
             return False
         self.pending = torch.cat([self.pending, host_values(self.missed, device)])
-        self.missed = []
+        if self.pending_features is not None:
+            features = [f.to(device) for f in self.missed_features]
+            self.pending_features = torch.cat([self.pending_features, *features])
+        self.missed, self.missed_features = [], []
         return True
 
     def result(self) -> RowResult:
@@ -157,7 +176,8 @@ class RowsInFlight:
     """The rows a step decodes and what it reads of them as tensors. `eos` (B, E) holds each row's EOS ids padded
     with -1; `strings` each row's stop-string windows (None: no row has stop strings); `pending` (B, P) the tokens
     each row's draft has not seen, left-aligned, first `counts[b]` of row b (None until a drafting step gathers them
-    from the rows); `history` the rows' tokens so far where the step keeps them on the device (None elsewhere);
+    from the rows), and where a head drafts the target's features of the tokens before them (B, P, F); `history`
+    the rows' tokens so far where the step keeps them on the device (None elsewhere);
     `alone` whether each sequence decodes alone (a batch of one), so that it plans as one sequence does."""
 
     rows: list[Row]
@@ -167,6 +187,7 @@ class RowsInFlight:
     pending: torch.Tensor | None = None
     counts: list[int] | None = None
     history: TokenHistory | None = None
+    features: torch.Tensor | None = None
 
     @classmethod
     def of(cls, rows: list[Row], alone: bool, device: torch.device) -> RowsInFlight:
@@ -183,13 +204,17 @@ class RowsInFlight:
         if self.pending is None or any(caught):
             self.counts = [row.pending.shape[0] for row in self.rows]
             self.pending = torch.nn.utils.rnn.pad_sequence([row.pending.to(device) for row in self.rows], True)
+            own = [row.pending_features for row in self.rows]
+            self.features = None if own[0] is None else torch.nn.utils.rnn.pad_sequence(own, True)
         return self.pending, self.counts
 
-    def committed(self, pending: torch.Tensor, counts: list[int]) -> None:
-        """Take a commit's pending tokens (B, P), first `counts[b]` of row b: each row holds its views of them."""
+    def committed(self, pending: torch.Tensor, counts: list[int], features: torch.Tensor | None = None) -> None:
+        """Take a commit's pending tokens (B, P), first `counts[b]` of row b, and a head's features of the tokens
+        before them (B, P, F): each row holds its views of them."""
         for b, row in enumerate(self.rows):
             row.pending = pending[b, : counts[b]]
-        self.pending, self.counts = pending, counts
+            row.pending_features = None if features is None else features[b, : counts[b]]
+        self.pending, self.counts, self.features = pending, counts, features
 
     def sequences(self, device: torch.device) -> torch.Tensor:
         """`(B, T)` the rows' tokens so far on `device`, kept there from now on (`advance`)."""

@@ -1,0 +1,112 @@
+"""A draft head drafts losslessly: with a random head every family's output equals the target's own `generate` under
+every policy, on an image and a video, one sequence or a padded batch, pruned or not; a head built to compute the
+target's next token has its first draft token accepted at every step; sampled draws follow the target's exact
+distribution."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import FAMILIES, on_device
+from sampling_cases import ALPHA, NEW_TOKENS, SAMPLES, WARPS, exact
+
+from vlmspec import SpeculativeVLM
+from vlmspec.adapters import adapter_for
+from vlmspec.testing.distribution import continuations, eos_ids, g_test
+from vlmspec.testing.heads import copying_pair, random_head
+
+POLICIES = ("chain", "static-tree", "sage", "sage-gt", "heterospec", "confidence", "auto")
+#: The tiny targets have two layers: the heads read the states entering layers 1, 1 and 2 (named 0, 0, 1).
+LAYERS = [0, 0, 1]
+
+
+def heterospec_or(policy: str):
+    """`policy`, with bins made up for heterospec (the tests' heads ship none)."""
+    if policy != "heterospec":
+        return policy
+    from vlmspec import HeteroSpecConfig, PathEntropyBins
+
+    return HeteroSpecConfig(bins=PathEntropyBins([0.1, 0.5, 1.0]))
+
+
+@pytest.fixture(scope="module")
+def heads():
+    return {
+        name: random_head(family.target, seed=1, layer_ids=LAYERS, draft_vocab=300) for name, family in FAMILIES.items()
+    }
+
+
+@pytest.mark.parametrize("case", ["image", "video"])
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_random_head_decodes_the_targets_own_greedy_output(family, heads, policy, case):
+    spec = SpeculativeVLM(family.target, heads[family.name], heterospec_or(policy))
+    out = spec.generate(**family.cases[case], do_sample=False, max_new_tokens=24)
+    assert torch.equal(out, family.reference(case, 24))
+
+
+@pytest.mark.parametrize("pruning", ["verifier", None])
+def test_a_head_drafts_on_the_kept_visual_positions_or_all_of_them(family, heads, pruning):
+    spec = SpeculativeVLM(family.target, heads[family.name], "sage", pruning=pruning)
+    out = spec.generate(**family.cases["video"], do_sample=False, max_new_tokens=24)
+    assert torch.equal(out, family.reference("video", 24))
+    entries = family.cases["video"]["input_ids"].shape[1] - 1
+    if pruning is None:
+        assert spec.last_stats.draft_prefill_tokens == entries
+    else:
+        assert spec.last_stats.draft_prefill_tokens < entries
+
+
+@pytest.mark.parametrize("policy", ["auto", "sage"])
+def test_every_row_of_a_padded_batch_equals_its_own_generate(family, heads, policy):
+    cases = ("text", "image", "video", "long_prompt")
+    batch = on_device(adapter_for(family.target).join_rows([family.cpu_cases[c] for c in cases], 0))
+    spec = SpeculativeVLM(family.target, heads[family.name], policy)
+    out = spec.generate(**batch, do_sample=False, max_new_tokens=16)
+    width = batch["input_ids"].shape[1]
+    for b, case in enumerate(cases):
+        alone = family.reference(case, 16)[0]
+        prompt = family.cases[case]["input_ids"].shape[1]
+        assert torch.equal(out[b, width - prompt :][: alone.shape[0]], alone), case
+
+
+def test_a_stream_keeps_a_batch_full_and_every_prompt_decodes_as_alone(heads):
+    family = FAMILIES["qwen2_5_vl"]
+    cases = ["image", "video", "text", "two_images", "long_prompt"]
+    spec = SpeculativeVLM(family.target, heads[family.name])
+    results = spec.stream(
+        ((case, family.cases[case]) for case in cases), batch_size=2, do_sample=False, max_new_tokens=16
+    )
+    for result in results:
+        assert result.error is None
+        assert torch.equal(result.sequence, family.reference(result.key, 16)), result.key
+
+
+@pytest.mark.parametrize("policy", ["chain", "sage"])
+def test_a_head_computing_the_targets_next_token_has_its_first_draft_accepted_at_every_step(family, policy):
+    """The copying head (`copying_pair`) pins the conventions: each token beside the feature before it, at that
+    feature's position, its embedding the first half of what attention reads, draft ids mapped to the target's."""
+    target, head = copying_pair(family.target)
+    spec = SpeculativeVLM(target, head, policy)
+    for case in ("image", "video"):
+        out = spec.generate(**family.cases[case], do_sample=False, max_new_tokens=24)
+        assert torch.equal(out, target.generate(**family.cases[case], do_sample=False, max_new_tokens=24))
+        drafted = [step.accepted for step in spec.last_stats.steps if step.nodes > 0]
+        assert drafted and min(drafted) >= 1
+
+
+def test_sampled_draws_with_a_head_follow_the_targets_exact_distribution(heads):
+    family = FAMILIES["qwen2_5_vl"]
+    inputs = family.cases["image"]
+    spec = SpeculativeVLM(family.target, heads["qwen2_5_vl"], "sage")
+    sequences = spec.generate(
+        **inputs,
+        do_sample=True,
+        max_new_tokens=NEW_TOKENS,
+        num_return_sequences=SAMPLES,
+        generator=torch.Generator().manual_seed(0),
+        **WARPS["top_k_top_p"],
+    )
+    samples = continuations(sequences, inputs["input_ids"].shape[1], eos_ids(family.target, {}))
+    result = g_test(samples, exact("image", "top_k_top_p"))
+    assert result.samples == SAMPLES and result.impossible == 0
+    assert result.passes(ALPHA), result
