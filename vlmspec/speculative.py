@@ -68,9 +68,10 @@ def _runners(
     target_adapter = adapter_for(target)
     tap = None
     if isinstance(draft, Eagle3Head):
+        layers = check_head(draft, target)
         if not draft.bound:
             draft.bind(target.get_input_embeddings())
-        tap = FeatureTap.on(target_adapter.language_model, check_head(draft, target))
+        tap = FeatureTap.on(target_adapter.language_model, layers)
         drafter = HeadRunner(HeadAdapter(draft, target_adapter), compiled_forward(draft, compile, "draft"), guard)
     else:
         drafter = ModelRunner(adapter_for(draft), compiled_forward(draft, compile, "draft"), guard, "draft")

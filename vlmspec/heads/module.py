@@ -24,6 +24,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import ModelOutput
 
+from ..errors import HeadLayoutError
 from .config import HeadConfig
 from .rope import HeadRotary, rotate
 
@@ -159,7 +160,7 @@ class Eagle3Head(nn.Module):
     def bind(self, embeddings: nn.Embedding) -> Eagle3Head:
         """Embed tokens with the target's `embeddings` (held by reference, outside the head's state dict)."""
         if embeddings.weight.shape[1] != self.head_config.hidden_size:
-            raise ValueError(
+            raise HeadLayoutError(
                 f"the target's embeddings are {embeddings.weight.shape[1]} wide, the head's hidden_size "
                 f"{self.head_config.hidden_size}"
             )
