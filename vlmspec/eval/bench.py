@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 from tqdm import tqdm
-from transformers import CompileConfig
+from transformers import CompileConfig, PreTrainedModel
 
 from ..engine.stats import PHASES
 from ..processors import QwenVideoPacker, VisualInputs, chat_messages
@@ -332,6 +332,11 @@ class _Runner:
         self.generation = {"do_sample": False, **generation}
         self.target, self.draft = spec.target, spec.draft
         self.spec = None
+        if method == "hf-assisted" and not isinstance(spec.draft, PreTrainedModel):
+            raise ValueError(
+                "hf-assisted drafts with a whole VLM (transformers' assistant_model runs no draft head): leave it out "
+                "of --methods when --draft is a head"
+            )
         if method in _SPEC_METHODS:
             policy, pruning = _SPEC_METHODS[method]
             self.spec = spec.with_options(policy, pruning)
