@@ -86,7 +86,8 @@ def planted_failure(fails: Callable[[torch.nn.Module], bool], at_run: int = 0) -
 
 class Disagreeing(torch.nn.Module):
     """A 'compiled' forward (a model's `FixedForward`) that chooses other tokens than the model's own: every logit row
-    is rolled by one token. Counts its forwards."""
+    is rolled by one token (a forward returns its logits and a head's outputs, None for a model). Counts its
+    forwards."""
 
     def __init__(self, forward: torch.nn.Module, disagree: bool = True):
         super().__init__()
@@ -97,8 +98,8 @@ class Disagreeing(torch.nn.Module):
 
     def forward(self, *args):
         self.calls += 1
-        logits = self.forward_of(*args)
-        return logits.roll(1, dims=-1) if self.disagree else logits
+        logits, hidden = self.forward_of(*args)
+        return (logits.roll(1, dims=-1) if self.disagree else logits), hidden
 
 
 def forwards_only(wrap: Callable) -> Callable:

@@ -124,6 +124,9 @@ class SpeculativeVLM:
         processor: Any = None,
         compile: str | bool = "auto",
     ):
+        for model in (target, draft):
+            if not isinstance(model, Eagle3Head):
+                adapter_for(model)  # an unsupported class is named first
         check_model_attention(target, "target")
         check_model_attention(draft, "draft")
         self.target = target
