@@ -29,12 +29,13 @@ def exact(case: str, warp: str) -> dict[tuple[int, ...], float]:
 
 
 def speculative_test(
-    policy: str | SageGtConfig | TreePolicy, draft: str, case: str, warp: str, samples: int = SAMPLES
+    policy: str | SageGtConfig | TreePolicy, draft: str | torch.nn.Module, case: str, warp: str, samples: int = SAMPLES
 ) -> tuple[GTest, SpecStats]:
     """G test of `samples` continuations drawn by SpeculativeVLM (from one prefill, decoded together) against the exact
-    distribution."""
+    distribution; `draft` names one of the family's drafts, or is a drafter (a head)."""
     inputs = FAMILY.cases[case]
-    spec = SpeculativeVLM(FAMILY.target, FAMILY.drafts[draft], policy=policy)
+    drafter = FAMILY.drafts[draft] if isinstance(draft, str) else draft
+    spec = SpeculativeVLM(FAMILY.target, drafter, policy=policy)
     sequences = spec.generate(
         **inputs,
         do_sample=True,

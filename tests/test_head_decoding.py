@@ -8,11 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import FAMILIES, on_device
-from sampling_cases import ALPHA, NEW_TOKENS, SAMPLES, WARPS, exact
+from sampling_cases import ALPHA, SAMPLES, speculative_test
 
 from vlmspec import SpeculativeVLM
 from vlmspec.adapters import adapter_for
-from vlmspec.testing.distribution import continuations, eos_ids, g_test
 from vlmspec.testing.heads import copying_pair, random_head
 
 POLICIES = ("chain", "static-tree", "sage", "sage-gt", "heterospec", "confidence", "auto")
@@ -95,18 +94,6 @@ def test_a_head_computing_the_targets_next_token_has_its_first_draft_accepted_at
 
 
 def test_sampled_draws_with_a_head_follow_the_targets_exact_distribution(heads):
-    family = FAMILIES["qwen2_5_vl"]
-    inputs = family.cases["image"]
-    spec = SpeculativeVLM(family.target, heads["qwen2_5_vl"], "sage")
-    sequences = spec.generate(
-        **inputs,
-        do_sample=True,
-        max_new_tokens=NEW_TOKENS,
-        num_return_sequences=SAMPLES,
-        generator=torch.Generator().manual_seed(0),
-        **WARPS["top_k_top_p"],
-    )
-    samples = continuations(sequences, inputs["input_ids"].shape[1], eos_ids(family.target, {}))
-    result = g_test(samples, exact("image", "top_k_top_p"))
+    result, _ = speculative_test("sage", heads["qwen2_5_vl"], "image", "top_k_top_p")
     assert result.samples == SAMPLES and result.impossible == 0
     assert result.passes(ALPHA), result
