@@ -153,7 +153,8 @@ def test_a_head_that_does_not_fit_its_target_is_refused_naming_the_field(qwen_ta
 
 
 def test_the_tap_keeps_the_hidden_states_transformers_reports(qwen_target):
-    """Layer i's kept state is transformers' `hidden_states[i]` (i = L: the last layer's output, before the norm)."""
+    """Layer i's kept state is transformers' `hidden_states[i]`; i = L is the last layer's output before the final
+    norm (transformers' `hidden_states[L]` is after it)."""
     language_model = qwen_target.model.language_model
     tap = FeatureTap.on(language_model, [1, 1, 2])
     ids = torch.tensor([[3, 17, 42, 9, 11]])
@@ -161,9 +162,9 @@ def test_the_tap_keeps_the_hidden_states_transformers_reports(qwen_target):
     features = tap.take()
     width = language_model.config.hidden_size
     assert torch.equal(features[..., :width], out.hidden_states[1])
-    assert torch.equal(features[..., 2 * width :], out.hidden_states[2]) or torch.allclose(
-        language_model.norm(features[..., 2 * width :]), out.last_hidden_state
-    )
+    # transformers reports the last state after the final norm; the head reads it before.
+    assert not torch.equal(features[..., 2 * width :], out.hidden_states[2])
+    assert torch.allclose(language_model.norm(features[..., 2 * width :]), out.last_hidden_state)
 
 
 def test_each_nodes_parent_is_its_deepest_ancestor_before_it():
