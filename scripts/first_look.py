@@ -13,7 +13,9 @@ sub-step's unused seconds pass to the next; none starts once the budget is spent
                          step, the projection at the SAGE paper's acceptance lengths and the own ms that breaks even
   profile                `vlmspec profile` at B=1 and B=16: launches and host reads a step
   exactness              the exactness test files on the device, stopping at the first failure
-  costs-qwen2_5_vl       as costs-llava_onevision, for Qwen2.5-VL-7B + 3B, with what time is left
+  costs-qwen2_5_vl       as costs-llava_onevision, for Qwen2.5-VL-7B + 3B, with a draft head in the released
+                         shape beside the 3B draft (its level ms at each context, then its own ms a step), with what
+                         time is left
 
 Everything is gathered into three files in OUTDIR, rewritten as each sub-step ends, so a run cut off returns what it
 measured (a lent machine sends back at most 8 files): `first-look.md` (the tables), `first-look.json` (every

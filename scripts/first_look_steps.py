@@ -24,7 +24,13 @@ ROOT = Path(__file__).resolve().parents[1]
 BUDGET = 480.0
 #: A sub-step given fewer seconds than this is skipped (recorded as such).
 LEAST_SECONDS = 5.0
-EXACTNESS_FILES = ("tests/test_exactness.py", "tests/test_batch.py", "tests/test_replicas.py", "tests/test_compiled.py")
+EXACTNESS_FILES = (
+    "tests/test_exactness.py",
+    "tests/test_batch.py",
+    "tests/test_replicas.py",
+    "tests/test_compiled.py",
+    "tests/test_head_decoding.py",
+)
 #: The one exactness case `--quick` runs: a partly accepted draft's chain on an image, token for token.
 QUICK_EXACTNESS_CASE = (
     "tests/test_exactness.py::test_greedy_output_equals_target_generate[qwen2_5_vl-image-noisy-chain]"
@@ -238,7 +244,7 @@ STEPS = [
     ),
     SubStep(
         "costs-qwen2_5_vl",
-        "Qwen2.5-VL-7B + 3B at the released sizes, bf16, compiled, with what time is left.",
+        "Qwen2.5-VL-7B + 3B and a released-shape head at the released sizes, bf16, compiled, with what time is left.",
         None,
         _costs("qwen2_5_vl"),
         read_costs,

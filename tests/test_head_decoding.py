@@ -97,3 +97,36 @@ def test_sampled_draws_with_a_head_follow_the_targets_exact_distribution(heads):
     result, _ = speculative_test("sage", heads["qwen2_5_vl"], "image", "top_k_top_p")
     assert result.samples == SAMPLES and result.impossible == 0
     assert result.passes(ALPHA), result
+
+
+def next_turn(family, sequences: torch.Tensor) -> dict:
+    """The conversation after the image case's first turn: its ids so far and a new message (no visual inputs: the
+    cached turn holds the image), as `generate` goes on from a cache."""
+    new = family.processor.tokenizer(" And then?", return_tensors="pt").input_ids.to(sequences.device)
+    ids = torch.cat([sequences, new], 1)
+    turn = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    types = family.cases["image"].get("mm_token_type_ids")
+    if types is not None:
+        turn["mm_token_type_ids"] = torch.cat([types, types.new_zeros(1, ids.shape[1] - types.shape[1])], 1)
+    return turn
+
+
+@pytest.mark.parametrize("returned_by", ["vlmspec", "generate"])
+@pytest.mark.parametrize("name", ["qwen2_5_vl", "qwen3_vl", "llava_onevision"])
+def test_a_conversations_next_turn_with_a_head_goes_on_from_the_returned_cache_as_generate(name, returned_by):
+    """From a cache vlmspec returned (the head keeps its own entries) or one `generate` returned (the head starts at
+    the new turn, the only tokens the target runs): `generate`'s own continuation, only the new turn prefilled, and
+    the copying head's first draft accepted at every step."""
+    family = FAMILIES[name]
+    target, head = copying_pair(family.target)
+    spec = SpeculativeVLM(target, head, "sage")
+    kwargs = dict(do_sample=False, max_new_tokens=8, return_dict_in_generate=True)
+    theirs = target.generate(**family.cases["image"], **kwargs)
+    first = (spec if returned_by == "vlmspec" else target).generate(**family.cases["image"], **kwargs)
+    turn = next_turn(family, theirs.sequences)
+    expected = target.generate(**turn, cache=theirs.cache, do_sample=False, max_new_tokens=12)
+    got = spec.generate(**turn, cache=first.cache, do_sample=False, max_new_tokens=12)
+    assert torch.equal(got, expected)
+    assert spec.last_stats.target_prefill_tokens == turn["input_ids"].shape[1] - theirs.sequences.shape[1] + 1
+    drafted = [step.accepted for step in spec.last_stats.steps if step.nodes > 0]
+    assert drafted and min(drafted) >= 1

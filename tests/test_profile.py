@@ -12,6 +12,7 @@ from vlmspec.device_tensors import host_values
 from vlmspec.eval.profile import LaunchCounter, Profile, markdown_table, profile_generate, profile_policy
 from vlmspec.eval.trace_counts import TraceCounts
 from vlmspec.testing import noisy_copy, tiny_qwen2_5_vl
+from vlmspec.testing.heads import random_head
 
 
 def test_counts_are_split_between_the_target_the_draft_and_the_rest(cases):
@@ -23,6 +24,28 @@ def test_counts_are_split_between_the_target_the_draft_and_the_rest(cases):
         torch.ones(3).add_(1)
     counter.remove()
     assert counter.launches["target"] > 10 and counter.launches["draft"] == 0 and counter.launches["own"] >= 2
+
+
+def test_the_counter_counts_each_models_forwards():
+    target, draft = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    counter = LaunchCounter(target, draft)
+    x = torch.ones(1, 2)
+    with counter.counting():
+        target(x), draft(x), draft(x)
+    counter.remove()
+    assert counter.forwards == {"target": 1, "draft": 2}
+
+
+def test_a_heads_level_launches_fewer_kernels_than_a_whole_draft_models(cases):
+    """A head's forward is one layer beside the target's features; a draft model's, every layer of a model."""
+    target = tiny_qwen2_5_vl(0)
+    target.generation_config.eos_token_id = None
+    per_forward = {}
+    for kind, draft in (("head", random_head(target, layer_ids=[0, 0, 1])), ("model", noisy_copy(target, 0.05))):
+        profile = profile_policy(SpeculativeVLM(target, draft), "chain", cases["image"], 24, "greedy")
+        assert profile.forwards["draft"] >= profile.steps, kind
+        per_forward[kind] = profile.draft_launches_per_forward
+    assert per_forward["head"] < per_forward["model"]
 
 
 def test_reads_count_what_makes_a_host_wait():

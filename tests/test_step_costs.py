@@ -28,6 +28,29 @@ def test_every_context_gets_generate_verification_and_draft_level_costs(results)
         assert len(row["draft_level_ms"]) == 2 and min(row["draft_level_ms"]) > 0
 
 
+def test_a_qwen_pair_gets_a_released_shape_heads_level_costs_own_time_and_projection(results):
+    pair = results["qwen3_vl"]
+    for row in pair["contexts"].values():
+        assert len(row["head_level_ms"]) == 2 and min(row["head_level_ms"]) > 0
+        assert set(row["head_projection"]) == {"paper", "released head"}
+        assert row["head_projection"]["released head"]["chain"]["speedup"] > 0  # the released tau covers chains
+    assert set(pair["head_own_ms_per_step"]) == set(step_costs.POLICIES)
+
+
+def test_the_arithmetic_counts_a_heads_level_as_a_small_share_of_the_draft_models(capsys):
+    """At Qwen2.5-VL-7B's size, a head's level reads its layer and a 32k output (well under a gigabyte), a 3B draft's
+    level its whole model; the memory-bound speedup at the same tau follows."""
+    (row,) = step_costs.main(["--arithmetic", "--pairs", "qwen2_5_vl", "--contexts", "8192"])["qwen2_5_vl"].values()
+    assert 0.5e9 < row["head_level_bytes"] < 1e9 < 5e9 < row["draft_level_bytes"]
+    assert row["head_first_bytes"] > row["head_level_bytes"]  # the first forward also reads fc
+    chain = row["chain"]
+    assert chain["head_speedup"] > 2 * chain["draft_speedup"]
+    assert chain["draft_speedup"] == (1 + 3.67) * row["verify_bytes"] / (
+        row["verify_bytes"] + 5 * row["draft_level_bytes"]
+    )
+    assert "| 8192 | chain | 5 |" in capsys.readouterr().out
+
+
 def test_hf_assisted_generation_is_timed_or_its_refusal_stated(results):
     for row in results["qwen3_vl"]["contexts"].values():
         assisted = row["hf_assisted_ms_per_step"]
@@ -45,19 +68,25 @@ def test_each_policy_gets_its_own_time_and_a_projection_at_the_papers_tau(result
 def test_the_projection_is_one_plus_tau_tokens_in_the_time_of_a_step():
     row = {"ar_ms_per_token": 10.0, "verify_ms": [20.0, 20.0], "draft_level_ms": [1.0, 1.0]}
     own = {policy: (2.0, 1) for policy in step_costs.POLICIES}
-    projected = step_costs.projection("qwen2_5_vl", row, [1, 64], [1, 16], own)
-    assert projected["chain"][:2] == (5 * 1.0 + 20.0 + 2.0, (1 + 3.67) * 10.0 / 27.0)
-    assert projected["sage"][0] == 8 * 1.0 + 20.0 + 2.0
+    projected = step_costs.projection(row, [1, 64], [1, 16], own, step_costs.PAPER_TAU["qwen2_5_vl"], "draft_level_ms")
+    assert projected["chain"]["ms_per_step"] == 5 * 1.0 + 20.0 + 2.0
+    assert projected["chain"]["speedup"] == (1 + 3.67) * 10.0 / 27.0
+    assert projected["sage"]["ms_per_step"] == 8 * 1.0 + 20.0 + 2.0
 
 
 def test_the_break_even_own_time_is_what_leaves_the_projection_at_exactly_plain_generates_speed():
     row = {"ar_ms_per_token": 10.0, "verify_ms": [20.0, 20.0], "draft_level_ms": [1.0, 1.0]}
     own = {policy: (2.0, 1) for policy in step_costs.POLICIES}
-    step, _, break_even = step_costs.projection("qwen2_5_vl", row, [1, 64], [1, 16], own)["chain"]
+    taus = step_costs.PAPER_TAU
+
+    def chain(name: str, own: dict) -> dict:
+        return step_costs.projection(row, [1, 64], [1, 16], own, taus[name], "draft_level_ms")["chain"]
+
+    break_even = chain("qwen2_5_vl", own)["own_break_even_ms"]
     assert break_even == (1 + 3.67) * 10.0 - (5 * 1.0 + 20.0)
     at_break_even = {policy: (break_even, 1) for policy in step_costs.POLICIES}
-    assert step_costs.projection("qwen2_5_vl", row, [1, 64], [1, 16], at_break_even)["chain"][1] == 1.0
-    assert step_costs.projection("qwen3_vl", row, [1, 64], [1, 16], own)["chain"][1:] == (None, None)
+    assert chain("qwen2_5_vl", at_break_even)["speedup"] == 1.0
+    assert chain("qwen3_vl", own)["speedup"] is None and chain("qwen3_vl", own)["own_break_even_ms"] is None
 
 
 def test_the_json_is_written_as_it_is_measured_and_assisted_generation_can_be_left_out(tmp_path):

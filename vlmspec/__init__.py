@@ -6,6 +6,7 @@ from .errors import (
     CalibrationError,
     ContextTooLongError,
     EmptyPromptError,
+    HeadLayoutError,
     InvalidArgumentError,
     MediaNotFoundError,
     MediaRejectedError,
@@ -24,6 +25,7 @@ from .errors import (
     VLMSpecError,
     VocabularyMismatchError,
 )
+from .heads import Eagle3Head, HeadConfig, load_head, save_head
 from .hf.cache import SpeculativeCache
 from .hf.pipeline import pipeline
 from .policies import (
@@ -60,7 +62,10 @@ __all__ = [
     "ConfidencePolicy",
     "ContextTooLongError",
     "DraftGateConfig",
+    "Eagle3Head",
     "EmptyPromptError",
+    "HeadConfig",
+    "HeadLayoutError",
     "HeteroSpecConfig",
     "HeteroSpecPolicy",
     "InvalidArgumentError",
@@ -96,6 +101,8 @@ __all__ = [
     "VLMSpecError",
     "VocabularyMismatchError",
     "generate",
+    "load_head",
     "load_pair",
     "pipeline",
+    "save_head",
 ]

@@ -10,11 +10,15 @@ the accepted tokens are fed again next step with the target's features.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+from transformers import DynamicCache
 
 from ..device_tensors import arange, host_values
-from .kv_cache import TREE_ROOM
+from .kv_cache import TREE_ROOM, PromptSlot
 from .model_runner import ModelRunner
+from .prefix import CachedPrefix
 
 
 def parent_slots(visible: torch.Tensor, q: int) -> torch.Tensor:
@@ -45,6 +49,32 @@ class HeadRunner(ModelRunner):
 
     def entries(self, tokens: int) -> int:
         return tokens - 1
+
+    def continue_draft(
+        self,
+        inputs: dict[str, Any],
+        own: CachedPrefix | None,
+        room: int,
+        target: CachedPrefix,
+        features: torch.Tensor | None,
+    ) -> PromptSlot:
+        """A head's prompt going on from a cache: its own prefix where the cache held one (none otherwise: it has no
+        features of the cached tokens), then the tokens the target ran after `target` (its prefix), each after the
+        first beside the target's feature (`features` (q, 3H)) of the token before it, at that token's position. The
+        last feature goes beside the first new token, as after a prompt. Entries the head missed between its own
+        prefix and the target's (the last call's pending tokens) are not fed."""
+        self.refresh()
+        ids = inputs["input_ids"][:, target.covers :]
+        cache = DynamicCache(config=self.adapter.model.config)
+        for index, (keys, values) in enumerate([] if own is None else own.layers):
+            cache.update(keys, values, index)
+        self.adapter.continue_entries(ids[:, 1:], features[None, :-1], cache, target.next_position)
+        length = cache.get_seq_length()
+        writer = self.cache.writer([length], room + TREE_ROOM)
+        if length:  # the head's one layer
+            writer.write(0, cache.layers[0].keys, cache.layers[0].values)
+        (prompt,) = writer.prompts([target.next_position + ids.shape[1] - 1 - length])
+        return prompt
 
     def forward_rows(
         self,

@@ -125,6 +125,21 @@ class ModelRunner(GuardedRunner):
         prompt.features = None if self.tap is None else self.tap.take()[0]
         return logits.to(self.device), prompt
 
+    def continue_draft(
+        self,
+        inputs: dict[str, Any],
+        own: CachedPrefix | None,
+        room: int,
+        target: CachedPrefix,
+        features: torch.Tensor | None,
+    ) -> PromptSlot:
+        """A drafter's prompt for a sequence going on from a cache, for `take`: after its own prefix `own` where the
+        cache held one, else over all of `inputs` again. (`target`, the target's prefix, and `features`, the
+        target's of the tokens it ran after that prefix, are what a head reads in their place.)"""
+        if own is None:
+            return self.prefill(inputs, room)[1]
+        return self.prefill_continued(inputs["input_ids"][:, own.covers :], own, room)[1]
+
     def prefix_of(self, slot: int, length: int, covers: int) -> CachedPrefix:
         """What `slot` (a row, or a slot a prompt pass wrote) holds of a sequence's first `covers` tokens, in its
         first `length` entries (a row's offset places the next token)."""

@@ -273,7 +273,8 @@ class Prefiller:
     def _admit_continued(self, row: Row, continuation: Continuation) -> Row:
         """Admit a sequence that goes on from what its models hold of its inputs' first tokens: the target runs the
         rest after its prefix, as `generate` runs the uncached part of its inputs; the draft after its own prefix
-        where it has one, else over all of the tokens (its inputs carry no visual ones then)."""
+        where it has one, else over all of the tokens (its inputs carry no visual ones then); a head over the
+        target's features of the tokens the target ran."""
         target, draft, request = self.target, self.draft, row.request
         room, timer = request.settings.max_new_tokens, PhaseTimer(row.stats, target.device)
         ids, cached = request.target_inputs["input_ids"], continuation.target
@@ -285,12 +286,8 @@ class Prefiller:
         if row.sink.finished:
             return ended_at_prefill(row, target, target_prompt.slot)
         own = continuation.draft
-        draft_ids = request.draft_inputs["input_ids"]
         with timer("draft_prefill"):
-            if own is None:
-                _, draft_prompt = draft.prefill(request.draft_inputs, room)
-            else:
-                _, draft_prompt = draft.prefill_continued(draft_ids[:, own.covers :], own, room)
+            draft_prompt = draft.continue_draft(request.draft_inputs, own, room, cached, target_prompt.features)
         row.stats.draft_prefill_tokens = draft_prompt.length - (0 if own is None else own.length)
         timer.collect(wait=True)
         target.take(target_prompt, room)

@@ -12,13 +12,16 @@ from ..processors import chat_messages, load_image, load_video
 from .synthetic import IMAGE_PROMPT, VIDEO_PROMPT
 
 
-def run_demo(max_new_tokens: int = 200, policy: str = "auto") -> None:
-    """Print each sample's caption, whether it equals plain greedy output, tau and the speedup."""
-    if demo_pair() is None:
+def run_demo(max_new_tokens: int = 200, policy: str = "auto", draft: str | None = None) -> None:
+    """Print each sample's caption, whether it equals plain greedy output, tau and the speedup. `draft` (a VLM draft's
+    or a draft head's folder or hub id) drafts for the demo target in place of the bundled demo draft."""
+    pair = demo_pair()
+    if pair is None:
         raise SystemExit(
             f"the demo pair is not installed in {DEMO_DIR}; train it with `python -m vlmspec.eval.train_demo`"
         )
-    spec = load_pair(torch_dtype=torch.float32)
+    spec = load_pair(*(() if draft is None else (pair[0], draft)), torch_dtype=torch.float32)
+    print(f"target {pair[0]}, draft {pair[1] if draft is None else draft}")
     processor = spec.processor
     runner = spec.with_options(policy)
     samples = DEMO_DIR / "samples"

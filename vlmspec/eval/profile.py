@@ -159,14 +159,19 @@ class LaunchCounter:
     def __init__(self, target: torch.nn.Module, draft: torch.nn.Module | None = None):
         self.launches: Counter[str] = Counter()
         self.reads: Counter[str] = Counter()
+        self.forwards: Counter[str] = Counter()
         self.reading = 0
         self._stack: list[str] = []
         self._handles = []
         for scope, model in (("target", target), ("draft", draft)):
             if model is None or (scope == "draft" and model is target):
                 continue
-            self._handles.append(model.register_forward_pre_hook(lambda *_, s=scope: self._stack.append(s)))
+            self._handles.append(model.register_forward_pre_hook(lambda *_, s=scope: self._enter(s)))
             self._handles.append(model.register_forward_hook(self._leave))
+
+    def _enter(self, scope: str) -> None:
+        self._stack.append(scope)
+        self.forwards[scope] += 1
 
     def _leave(self, *_) -> None:
         self._stack.pop()
@@ -180,6 +185,7 @@ class LaunchCounter:
         """Count inside the block (the counts start from zero)."""
         self.launches.clear()
         self.reads.clear()
+        self.forwards.clear()
         with _Reads(self), _Launches(self):
             yield self
 
@@ -191,7 +197,7 @@ class LaunchCounter:
 @dataclass
 class Profile:
     """One method's counts per step and per emitted token (launches by scope, host reads outside and inside the
-    models' forwards)."""
+    models' forwards, and the forwards of each model: a draft's are its step's first forward and its tree levels)."""
 
     method: str
     config: str
@@ -200,6 +206,14 @@ class Profile:
     launches: dict[str, float]
     reads: dict[str, float]
     traced: TraceCounts | None = None
+    forwards: dict[str, float] | None = None
+
+    @property
+    def draft_launches_per_forward(self) -> float | None:
+        """What one draft forward (a tree level) launches, where the draft ran any."""
+        if not self.forwards or not self.forwards["draft"]:
+            return None
+        return self.launches["draft"] / self.forwards["draft"]
 
     def per(self, unit: str) -> dict[str, float]:
         n = max(self.steps if unit == "step" else self.tokens, 1e-9)
@@ -209,17 +223,19 @@ class Profile:
         return counts
 
 
-def _difference(counter: LaunchCounter, run, new_tokens: int) -> tuple[Counter, Counter, tuple[float, float]]:
-    """Counts of `run(new_tokens)` less those of `run(2)`, and the (steps, tokens) between them, after an uncounted
+def _difference(counter: LaunchCounter, run, new_tokens: int) -> tuple[Counter, Counter, Counter, tuple[float, float]]:
+    """Launches, reads and forwards of `run(new_tokens)` less those of `run(2)`, and the (steps, tokens) between them,
+    after an uncounted
     `run(new_tokens)`: what is made once per process (a tree shape and its masks, first needed at a step the short
     call never drafts) is not charged to the steps. `run(n)` returns the steps and tokens of its call."""
     run(new_tokens)
     with counter.counting():
         short = run(2)
-    launches, reads = Counter(counter.launches), Counter(counter.reads)
+    launches, reads, forwards = Counter(counter.launches), Counter(counter.reads), Counter(counter.forwards)
     with counter.counting():
         long = run(new_tokens)
-    return counter.launches - launches, counter.reads - reads, (long[0] - short[0], long[1] - short[1])
+    steps = (long[0] - short[0], long[1] - short[1])
+    return counter.launches - launches, counter.reads - reads, counter.forwards - forwards, steps
 
 
 def profile_generate(
@@ -235,10 +251,11 @@ def profile_generate(
         return steps, steps * batch_size
 
     try:
-        launches, reads, (steps, tokens) = _difference(counter, run, new_tokens)
+        launches, reads, forwards, (steps, tokens) = _difference(counter, run, new_tokens)
     finally:
         counter.remove()
-    return Profile(_named("generate", batch_size), config, steps, tokens, _full(launches), _full(reads))
+    name = _named("generate", batch_size)
+    return Profile(name, config, steps, tokens, _full(launches), _full(reads), forwards=_full(forwards))
 
 
 def profile_policy(
@@ -258,10 +275,10 @@ def profile_policy(
         return Profile(name, config, steps, tokens, empty, empty, traced)
     counter = LaunchCounter(spec.target, spec.draft)
     try:
-        launches, reads, (steps, tokens) = _difference(counter, run, new_tokens)
+        launches, reads, forwards, (steps, tokens) = _difference(counter, run, new_tokens)
     finally:
         counter.remove()
-    return Profile(name, config, steps, tokens, _full(launches), _full(reads))
+    return Profile(name, config, steps, tokens, _full(launches), _full(reads), forwards=_full(forwards))
 
 
 def _policy_run(runner: SpeculativeVLM, inputs: dict, settings: dict, batch_size: int):
@@ -370,17 +387,20 @@ def markdown_table(profiles: list[Profile]) -> str:
     if profiles and profiles[0].traced is not None:
         return _traced_table(profiles)
     lines = [
-        "| method | config | steps | tokens/step | per step: target launches | draft launches | own launches | "
-        "own host reads | host reads in forwards | per token: own launches | own host reads |",
-        "| --- " * 11 + "|",
+        "| method | config | steps | tokens/step | per step: target launches | draft launches | draft forwards | "
+        "own launches | own host reads | host reads in forwards | per draft forward: launches | "
+        "per token: own launches | own host reads |",
+        "| --- " * 13 + "|",
     ]
     for p in profiles:
         step, token = p.per("step"), p.per("token")
+        forwards = (p.forwards or {}).get("draft", 0.0) / max(p.steps, 1e-9)
+        level = p.draft_launches_per_forward
         lines.append(
             f"| {p.method} | {p.config} | {p.steps:.0f} | {p.tokens / max(p.steps, 1):.2f} | "
-            f"{step['target launches']:.0f} | {step['draft launches']:.0f} | {step['own launches']:.0f} | "
-            f"{step['own reads']:.1f} | {step['reads in forwards']:.1f} | {token['own launches']:.0f} | "
-            f"{token['own reads']:.1f} |"
+            f"{step['target launches']:.0f} | {step['draft launches']:.0f} | {forwards:.1f} | "
+            f"{step['own launches']:.0f} | {step['own reads']:.1f} | {step['reads in forwards']:.1f} | "
+            f"{'-' if level is None else f'{level:.0f}'} | {token['own launches']:.0f} | {token['own reads']:.1f} |"
         )
     return "\n".join(lines)
 

@@ -10,7 +10,6 @@ from transformers import DynamicCache
 from transformers.cache_utils import Cache
 
 from ..adapters.base import FEATURE_KEY, ModelAdapter, Prefill, VisualLayout, kept_index
-from ..errors import UnsupportedGenerationError
 from .module import Eagle3Head
 
 
@@ -100,7 +99,23 @@ class HeadAdapter(ModelAdapter):
         )
         return out.logits[:, -1], nexts
 
-    def continue_prompt(self, input_ids: torch.Tensor, cache: Cache, next_position: int) -> torch.Tensor:
-        raise UnsupportedGenerationError(
-            "going on from a returned cache is not supported with a draft head: pass the whole conversation"
+    def continue_entries(self, tokens: torch.Tensor, features: torch.Tensor, cache: Cache, next_position: int) -> None:
+        """Feed `tokens` (1, q) beside `features` (1, q, 3H) at positions from `next_position` on, after every entry
+        `cache` holds: a head going on from a returned cache, whose target ran only the tokens after it."""
+        q = tokens.shape[1]
+        if q == 0:
+            return
+        held = cache.get_seq_length()
+        seen = torch.ones(q, held + q, dtype=torch.bool, device=self.device)
+        seen[:, held:] = seen[:, held:].tril()
+        additive = torch.zeros(seen.shape, dtype=self.dtype, device=self.device)
+        additive = additive.masked_fill(~seen, torch.finfo(self.dtype).min)[None, None]
+        positions = torch.arange(next_position, next_position + q, device=self.device)
+        self.model(
+            input_ids=tokens.to(self.device),
+            position_ids=self.position_ids(positions),
+            features=features.to(self.device),
+            attention_mask=additive,
+            cache=cache,
+            logits_to_keep=1,
         )
