@@ -49,8 +49,9 @@ from vlmspec.engine.tree import Tree, with_edges
 from vlmspec.eval.bench import compiled_generate_config
 from vlmspec.heads import Eagle3Head
 from vlmspec.heads.adapter import HeadAdapter
+from vlmspec.heads.new import head_config_for
 from vlmspec.testing import REPLICA_PAIRS, replica_config
-from vlmspec.testing.heads import head_config_for, random_head
+from vlmspec.testing.heads import random_head
 from vlmspec.testing.released_files import RELEASED
 
 PAIRS = ("qwen2_5_vl", "qwen3_vl", "llava_onevision")

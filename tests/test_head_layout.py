@@ -140,7 +140,7 @@ def test_weights_off_the_layout_are_refused_naming_them(qwen_target, tmp_path, e
 )
 def test_a_head_that_does_not_fit_its_target_is_refused_naming_the_field(qwen_target, options, named):
     from vlmspec.heads import Eagle3Head
-    from vlmspec.testing.heads import head_config_for
+    from vlmspec.heads.new import head_config_for
 
     config = head_config_for(qwen_target, layer_ids=[0, 0, 1])
     for key, value in options.items():

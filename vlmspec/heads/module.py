@@ -193,6 +193,10 @@ class Eagle3Head(nn.Module):
         outputs `(..., H)` pass as they are."""
         return features if features.shape[-1] == self.head_config.hidden_size else self.fc(features)
 
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits `(..., Vd)` over the draft vocabulary of the head's pre-norm outputs `hidden` `(..., H)`."""
+        return self.lm_head(self.norm(hidden))
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -212,7 +216,7 @@ class Eagle3Head(nn.Module):
         rotary = self.rotary(position_ids, feature.dtype)
         hidden = self.midlayer(embedded, feature, rotary, attention_mask, cache)
         kept = hidden[:, -logits_to_keep:] if isinstance(logits_to_keep, int) else hidden[:, logits_to_keep]
-        draft_logits = self.lm_head(self.norm(kept))
+        draft_logits = self.draft_logits(kept)
         logits = draft_logits.new_full((*draft_logits.shape[:-1], self.head_config.vocab_size), -torch.inf)
         logits = logits.index_copy(-1, self.draft_to_target(), draft_logits)
         return HeadOutput(logits=logits, hidden_states=hidden)

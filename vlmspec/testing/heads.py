@@ -5,45 +5,8 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from ..heads import Eagle3Head, HeadConfig
-from ..heads.fit import target_mrope_section
-
-
-def head_config_for(
-    target: PreTrainedModel,
-    draft_vocab: int | None = None,
-    layer_ids: list[int] | None = None,
-    heads: int | None = None,
-    kv_heads: int | None = None,
-    head_dim: int | None = None,
-    intermediate_size: int | None = None,
-    rope_theta: float | None = None,
-) -> HeadConfig:
-    """The config of a head drafting for `target`: its hidden size and vocabulary, its kind of positions (M-RoPE
-    sections from its text config; interleaved for Qwen3-VL), one layer shaped like the target's by default."""
-    text = target.config.get_text_config()
-    heads = heads or text.num_attention_heads
-    head_dim = head_dim or getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-    mrope = target_mrope_section(target)
-    rope = getattr(text, "rope_parameters", None) or {}
-    interleaved = bool(rope.get("mrope_interleaved")) or "qwen3" in getattr(text, "model_type", "")
-    if mrope is not None and sum(mrope) != head_dim // 2:
-        mrope = [head_dim // 2 - 2 * (head_dim // 6), head_dim // 6, head_dim // 6]
-    vocab = target.get_output_embeddings().weight.shape[0]
-    return HeadConfig(
-        hidden_size=text.hidden_size,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads or getattr(text, "num_key_value_heads", heads),
-        head_dim=head_dim,
-        intermediate_size=intermediate_size or 2 * text.hidden_size,
-        vocab_size=vocab,
-        draft_vocab_size=draft_vocab or vocab,
-        rms_norm_eps=getattr(text, "rms_norm_eps", 1e-6),
-        rope_theta=rope_theta or rope.get("rope_theta", 10000.0),
-        mrope_section=mrope,
-        mrope_interleaved=interleaved and mrope is not None,
-        aux_layer_ids=layer_ids,
-    )
+from ..heads import Eagle3Head
+from ..heads.new import head_config_for
 
 
 def random_head(target: PreTrainedModel, seed: int = 0, **options) -> Eagle3Head:

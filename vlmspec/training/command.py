@@ -13,9 +13,16 @@ EXIT_CONFIGURATION = 2
 
 def add_train_draft_parser(commands: argparse._SubParsersAction) -> None:
     """`vlmspec train-draft`: fit a draft to its target."""
-    parser = commands.add_parser("train-draft", help="train a draft to agree with its target (distillation or VSD)")
+    parser = commands.add_parser(
+        "train-draft", help="train a draft or a draft head to agree with its target (distillation or VSD)"
+    )
     parser.add_argument("--target", required=True, help="the target (hub id or folder)")
-    parser.add_argument("--draft", required=True, help="the draft to start from (hub id or folder)")
+    parser.add_argument(
+        "--draft", help="the draft or head to start from (hub id or folder; none: a new head for the target)"
+    )
+    parser.add_argument(
+        "--kind", choices=["model", "head"], help="what to train (default: the kind of --draft; a head without one)"
+    )
     parser.add_argument(
         "--data", required=True, help="a folder of media or a JSONL file of {media, prompt[, response]}"
     )
@@ -35,6 +42,11 @@ def add_train_draft_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--vsd-length", type=int, default=4, help="VSD: tokens per path (L)")
     parser.add_argument("--vsd-anchors", type=int, default=2, help="VSD: anchors per response")
     parser.add_argument("--vsd-weight", type=float, default=1.0, help="VSD: its term's weight beside distillation")
+    parser.add_argument(
+        "--draft-vocab", type=int, help="a new head's draft vocabulary: the N most frequent response tokens"
+    )
+    parser.add_argument("--ttt-steps", type=int, default=7, help="a head's unrolled training-time test steps")
+    parser.add_argument("--intermediate-size", type=int, help="a new head's MLP width (default: the target's)")
     parser.add_argument("--resume", action="store_true", help="go on from the run in --out")
     parser.set_defaults(run=_train_draft)
 

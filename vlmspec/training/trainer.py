@@ -1,6 +1,7 @@
-"""`vlmspec train-draft`: fit a draft to its target, by token-level distillation (`kd`) or with VSD's path-level term
-beside it (`vsd`), on accelerate (one CPU process, or `accelerate launch` over GPUs and nodes), checkpointed and
-resumable, judged by the acceptance it gives when decoding."""
+"""`vlmspec train-draft`: fit a draft (a VLM or a head, `drafters`) to its target, by token-level distillation (`kd`;
+a head's is the training-time test's) or with VSD's path-level term beside it (`vsd`), on accelerate (one CPU
+process, or `accelerate launch` over GPUs and nodes), checkpointed and resumable, judged by the acceptance it gives
+when decoding."""
 
 from __future__ import annotations
 
@@ -22,25 +23,32 @@ from ..processors import load_processor
 from ..pruning import resolve_pruning
 from ..speculative import check_vocabularies
 from .data import read_items
+from .drafters import HeadDrafter, ModelDrafter, draft_kind
 from .evaluation import evaluate, plot_evaluations
-from .examples import draft_log_probs, make_example
-from .objectives import kd_loss
+from .examples import make_example
 from .responses import Prepared, prepared_items
-from .vsd import VSDConfig, vsd_step_loss
+from .vsd import VSDConfig
 
 #: Settings a resumed run must share with the run it resumes (the rest, such as the budget, may change).
-_FIXED = ("target", "draft", "data", "objective", "lr", "accumulation", "pruning", "max_new_tokens", "seed", "vsd")
+_FIXED = (
+    *("target", "draft", "kind", "data", "objective", "lr", "accumulation", "pruning", "max_new_tokens", "seed"),
+    *("vsd", "draft_vocab", "ttt_steps", "intermediate_size"),
+)
 
 
 @dataclass
 class TrainSettings:
     """What a training run does. `steps` and `time_budget` (minutes) stop it, whichever comes first; `eval_every`
-    measures the held-out acceptance every so many steps (on the last `eval_items` items, which are not trained on)."""
+    measures the held-out acceptance every so many steps (on the last `eval_items` items, which are not trained on).
+    `kind` is "model" or "head" (default: the kind of `draft`; a new head without one); a new head drafts over the
+    `draft_vocab` most frequent response tokens (default: the target's vocabulary up to 32,000) with an MLP of
+    `intermediate_size` (default: the target's); a head trains over `ttt_steps` unrolled steps."""
 
     target: str
-    draft: str
+    draft: str | None
     data: str
     out: str
+    kind: str | None = None
     objective: str = "kd"
     steps: int | None = 200
     time_budget: float | None = None
@@ -53,8 +61,20 @@ class TrainSettings:
     max_new_tokens: int = 64
     seed: int = 0
     vsd: VSDConfig = field(default_factory=VSDConfig)
+    draft_vocab: int | None = None
+    ttt_steps: int = 7
+    intermediate_size: int | None = None
 
     def __post_init__(self):
+        self.kind = draft_kind(self.draft, self.kind)
+        if self.kind not in ("model", "head"):
+            raise InvalidArgumentError(f"--kind must be model or head, got {self.kind!r}")
+        if self.kind == "model" and self.draft is None:
+            raise InvalidArgumentError("--kind model needs --draft: the VLM draft to start from")
+        if self.kind == "head" and self.objective == "vsd":
+            raise InvalidArgumentError("--objective vsd is not implemented for heads: train a head with kd")
+        if self.ttt_steps < 1 or (self.draft_vocab is not None and self.draft_vocab < 1):
+            raise InvalidArgumentError("--ttt-steps and --draft-vocab must be at least 1")
         if self.objective not in ("kd", "vsd"):
             raise InvalidArgumentError(f"--objective must be kd or vsd, got {self.objective!r}")
         if self.steps is None and self.time_budget is None:
@@ -64,54 +84,64 @@ class TrainSettings:
 
 
 class Run:
-    """A training run's models, data and state."""
+    """A training run's models, data and state. The draft (`drafter`) and its optimiser come with `start`, once the
+    responses are known (a new head's vocabulary is theirs)."""
 
     def __init__(self, settings: TrainSettings, accelerator: Accelerator):
         self.settings, self.accelerator = settings, accelerator
-        dtype = torch.float32
-        self.target = load_model(settings.target, torch_dtype=dtype).to(accelerator.device)
+        self.target = load_model(settings.target, torch_dtype=torch.float32).to(accelerator.device)
         self.target.requires_grad_(False)
-        draft = load_model(settings.draft, torch_dtype=dtype).to(accelerator.device)
-        self.adapters = (adapter_for(self.target), adapter_for(draft))
+        self.target_adapter = adapter_for(self.target)
         self.processor = load_processor(settings.target)
-        self.vocab_limit = check_vocabularies(self.target, draft, len(self.processor.tokenizer))
+        self.vocab_limit = check_vocabularies(self.target, self.target, len(self.processor.tokenizer))
         self.pruning = resolve_pruning(settings.pruning, None)
-        # Not wrapped for DDP: VSD runs the draft several times before one backward, so the processes average their
-        # gradients themselves (`sync_gradients`).
-        self.draft = draft.train()
-        self.optimizer = torch.optim.AdamW(draft.parameters(), lr=settings.lr, betas=(0.9, 0.95), weight_decay=0.0)
+        self.drafter: ModelDrafter | HeadDrafter | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
         self.step = 0
         self.order = random.Random(settings.seed)
         self.queue: list[str] = []
         self.generator = torch.Generator().manual_seed(settings.seed + accelerator.process_index)
 
+    def start(self, prepared: list[Prepared]) -> None:
+        """Load the draft, or make a new head over the responses' most frequent tokens (counted over every
+        process), and its optimiser."""
+        settings, device = self.settings, self.accelerator.device
+        if settings.kind == "head":
+            reduce = (lambda t: self.accelerator.reduce(t.to(device), "sum").cpu()) if self._shared else None
+            self.drafter = HeadDrafter(settings, self.target, prepared, reduce, self.vocab_limit)
+        else:
+            self.drafter = ModelDrafter(settings, self.target, device)
+        self.vocab_limit = check_vocabularies(self.target, self.draft, len(self.processor.tokenizer))
+        # Not wrapped for DDP: VSD runs the draft several times before one backward, so the processes average their
+        # gradients themselves (`sync_gradients`).
+        self.draft.train()
+        self.optimizer = torch.optim.AdamW(self.draft.parameters(), lr=settings.lr, betas=(0.9, 0.95), weight_decay=0.0)
+
+    @property
+    def _shared(self) -> bool:
+        return self.accelerator.num_processes > 1
+
+    @property
+    def draft(self) -> torch.nn.Module:
+        """The module being trained."""
+        return self.drafter.module
+
     def sync_gradients(self) -> None:
         """Average the draft's gradients over the processes (one all-reduce per parameter), then clip them."""
-        if self.accelerator.num_processes > 1:
+        if self._shared:
             for parameter in self.draft.parameters():
                 if parameter.grad is not None:
                     parameter.grad = self.accelerator.reduce(parameter.grad, "mean")
         torch.nn.utils.clip_grad_norm_(self.draft.parameters(), 0.5)
 
     def loss(self, prepared: Prepared) -> tuple[torch.Tensor, dict[str, float]]:
-        """One item's loss: distillation at every response position, and VSD's term at its anchors."""
+        """One item's loss, as its drafter computes it from the target's forward over the item (`make_example`)."""
         device = self.accelerator.device
         inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in prepared.inputs.items()}
-        target_adapter, draft_adapter = self.adapters
         example = make_example(
-            self.target, target_adapter, inputs, prepared.response.to(device), self.pruning, self.vocab_limit
+            self.target, self.target_adapter, inputs, prepared.response.to(device), self.pruning, self.vocab_limit
         )
-        distill = kd_loss(draft_log_probs(self.draft, draft_adapter, example, self.vocab_limit), example.target_probs)
-        parts = {"kd": float(distill.detach())}
-        loss = distill
-        if self.settings.objective == "vsd":
-            term = vsd_step_loss(
-                self.target, self.draft, self.adapters, example, self.settings.vsd, self.vocab_limit, self.generator
-            )
-            if term is not None:
-                loss = loss + self.settings.vsd.weight * term
-                parts["vsd"] = float(term.detach())
-        return loss, parts
+        return self.drafter.loss(self, example)
 
 
 def train_draft(settings: TrainSettings, resume: bool = False) -> Path:
@@ -123,8 +153,9 @@ def train_draft(settings: TrainSettings, resume: bool = False) -> Path:
     accelerator = Accelerator(cpu=not cuda, mixed_precision="bf16" if cuda else "no")
     # What makes a pair untrainable is refused before anything is written or loaded.
     model_class_for(settings.target)
-    model_class_for(settings.draft)
-    check_tokenizers(settings.target, settings.draft)
+    if settings.kind == "model":
+        model_class_for(settings.draft)
+        check_tokenizers(settings.target, settings.draft)
     items = read_items(settings.data)
     _check_resume(settings, out, resume, accelerator)
     run = Run(settings, accelerator)
@@ -135,6 +166,7 @@ def train_draft(settings: TrainSettings, resume: bool = False) -> Path:
     prepared = list(prepared_items(own, run.processor, run.target, responses, settings.max_new_tokens))
     if not prepared:
         raise InvalidArgumentError(f"--data {settings.data}: no item could be read (see {responses})")
+    run.start(prepared)
     if resume:
         _load_checkpoint(run, out)
     _loop(run, prepared, held_out, out)
@@ -278,12 +310,12 @@ def _step_of(line: str) -> float:
 
 
 def _save(run: Run, out: Path) -> Path:
-    """The trained draft and the target's processor files, for `from_pretrained`."""
+    """The trained draft for `from_pretrained`: a VLM with the target's processor files, a head in the released
+    layout."""
     folder = out / "draft"
     run.accelerator.wait_for_everyone()
     if run.accelerator.is_main_process:
-        run.draft.save_pretrained(folder)
-        run.processor.save_pretrained(folder)
+        run.drafter.save(folder, run.processor)
     return folder
 
 
@@ -292,6 +324,7 @@ def settings_from(args: Any) -> TrainSettings:
     return TrainSettings(
         target=args.target,
         draft=args.draft,
+        kind=args.kind,
         data=args.data,
         out=args.out,
         objective=args.objective,
@@ -308,4 +341,7 @@ def settings_from(args: Any) -> TrainSettings:
         vsd=VSDConfig(
             samples=args.vsd_samples, length=args.vsd_length, anchors=args.vsd_anchors, weight=args.vsd_weight
         ),
+        draft_vocab=args.draft_vocab,
+        ttt_steps=args.ttt_steps,
+        intermediate_size=args.intermediate_size,
     )
