@@ -9,11 +9,20 @@ import json
 import pytest
 import torch
 from conftest import FAMILIES, save_pair
+from transformers import DynamicCache
 
 from vlmspec import InvalidArgumentError, SpeculativeVLM
+from vlmspec.adapters import adapter_for
+from vlmspec.engine.features import FeatureTap
+from vlmspec.heads.fit import check_head
+from vlmspec.heads.new import new_head
+from vlmspec.processors import append_tokens
 from vlmspec.testing.common import sample_image
-from vlmspec.training import TrainSettings, train_draft
+from vlmspec.testing.heads import random_head
+from vlmspec.training import TrainSettings, VSDConfig, train_draft
 from vlmspec.training.drafters import frequent_ids
+from vlmspec.training.examples import Example
+from vlmspec.training.head_examples import head_inputs, unrolled_outputs
 from vlmspec.training.head_objectives import (
     restricted,
     soft_cross_entropy,
@@ -95,11 +104,17 @@ def _settings(pair, out, **changes) -> TrainSettings:
     return TrainSettings(**{**base, **changes})
 
 
-def test_a_new_head_trains_saves_in_the_released_layout_and_decodes_exactly(pair, tmp_path):
+@pytest.mark.parametrize("objective", ["kd", "vsd"])
+def test_a_new_head_trains_saves_in_the_released_layout_and_decodes_exactly(pair, tmp_path, objective):
     out = tmp_path / "head"
-    folder = train_draft(_settings(pair, out, draft_vocab=100, ttt_steps=3, eval_every=2, eval_items=1))
+    vsd = VSDConfig(samples=3, length=2, anchors=1)
+    settings = _settings(
+        pair, out, draft_vocab=100, ttt_steps=3, eval_every=2, eval_items=1, objective=objective, vsd=vsd
+    )
+    folder = train_draft(settings)
     records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2] and all(r["step 0"] > 0 for r in records)
+    assert all(("vsd" in r) == (objective == "vsd") and r["loss"] == r["loss"] for r in records)
     config = json.loads((folder / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["draft_vocab_size"] == 100
     assert json.loads((out / "eval.jsonl").read_text().splitlines()[-1])["exact"] == 1.0
@@ -119,9 +134,46 @@ def test_a_head_goes_on_training_from_a_saved_head_and_from_its_checkpoint(pair,
 
 
 def test_what_a_head_cannot_train_by_is_refused_by_name(pair, tmp_path):
-    with pytest.raises(InvalidArgumentError, match="vsd"):
-        _settings(pair, tmp_path, objective="vsd")
     with pytest.raises(InvalidArgumentError, match="--kind model needs --draft"):
         _settings(pair, tmp_path, kind="model")
     with pytest.raises(InvalidArgumentError, match="--ttt-steps"):
         _settings(pair, tmp_path, ttt_steps=0)
+
+
+def test_a_new_head_starts_from_the_targets_output_rows_for_its_draft_ids():
+    ids = torch.tensor([3, 10, 42, 99])
+    head = new_head(FAMILY.target, ids)
+    assert head.draft_to_target().tolist() == ids.tolist() and head.t2d.sum() == 4 and bool(head.t2d[42])
+    assert torch.equal(head.lm_head.weight, FAMILY.target.get_output_embeddings().weight[ids].float())
+    assert head.head_config.intermediate_size == FAMILY.target.config.get_text_config().intermediate_size
+
+
+def test_each_unrolled_step_computes_what_the_head_computes_for_that_chain_level_by_level():
+    """The training-time test's masks and positions give each chain's step k the head's output at tree depth k, as
+    decoding computes it: its prompt pass over the entries up to the chain's, then one token a level, each beside
+    the level before's output."""
+    target = FAMILY.target
+    head = random_head(target, seed=2, layer_ids=[0, 0, 1])
+    adapter = adapter_for(target)
+    tap = FeatureTap.on(adapter.language_model, check_head(head, target))
+    inputs = FAMILY.cases["image"]
+    response = FAMILY.reference("image", 6)[0, inputs["input_ids"].shape[1] :]
+    full = append_tokens(inputs, response)
+    with torch.no_grad():
+        target(**adapter.model_inputs(full), position_ids=adapter.prompt_positions(full))
+        example = Example(inputs, response, None, torch.zeros(len(response), 8))
+        seen = head_inputs(example, tap.take(), adapter.prompt_positions(full))
+        chains, steps = 5, 3
+        outputs = unrolled_outputs(head, seen, chains, steps)
+        ids, positions, features = seen.ids, seen.positions, seen.features
+        for c in (0, chains - steps):
+            j = len(ids) - 2 - chains + c
+            cache = DynamicCache(config=head.config)
+            out = head(
+                ids[1 : j + 2][None], positions[..., : j + 1][..., None, :], features[: j + 1][None], None, cache
+            )
+            hidden = out.hidden_states[:, -1:]
+            for k in range(1, steps):
+                place = positions[..., j + k][..., None, None]
+                hidden = head(ids[j + 1 + k][None, None], place, hidden, None, cache).hidden_states
+                torch.testing.assert_close(hidden[0, 0], outputs[k][c], rtol=1e-4, atol=1e-5)

@@ -22,9 +22,10 @@ from ..processors import append_tokens
 from .examples import Example, draft_log_probs
 from .head_examples import head_inputs, unrolled_losses
 from .head_objectives import ttt_loss
+from .head_paths import HeadPaths
 from .objectives import kd_loss
 from .responses import Prepared
-from .vsd import vsd_step_loss
+from .vsd import ModelPaths, vsd_step_loss
 
 #: The released heads' draft vocabulary: a new head's default, where the target's vocabulary is larger.
 DRAFT_VOCAB = 32000
@@ -50,6 +51,17 @@ def frequent_ids(responses: list[torch.Tensor], limit: int, size: int, reduce=No
     return order[: min(size, limit)].sort().values
 
 
+def with_vsd(run: Any, paths: Any, example: Example, loss: torch.Tensor, parts: dict[str, float]) -> torch.Tensor:
+    """`loss` plus VSD's path term (weighted `--vsd-weight`) where the response is long enough for a path, recorded
+    in `parts`."""
+    settings = run.settings
+    term = vsd_step_loss(run.target, run.target_adapter, paths, example, settings.vsd, run.vocab_limit, run.generator)
+    if term is None:
+        return loss
+    parts["vsd"] = float(term.detach())
+    return loss + settings.vsd.weight * term
+
+
 class ModelDrafter:
     """A whole VLM draft: token-level distillation at every response position, and VSD's term at its anchors."""
 
@@ -62,13 +74,7 @@ class ModelDrafter:
         distill = kd_loss(draft_log_probs(self.module, self.adapter, example, run.vocab_limit), example.target_probs)
         parts, loss = {"kd": float(distill.detach())}, distill
         if self.settings.objective == "vsd":
-            adapters = (run.target_adapter, self.adapter)
-            term = vsd_step_loss(
-                run.target, self.module, adapters, example, self.settings.vsd, run.vocab_limit, run.generator
-            )
-            if term is not None:
-                loss = loss + self.settings.vsd.weight * term
-                parts["vsd"] = float(term.detach())
+            loss = with_vsd(run, ModelPaths(self.module, self.adapter), example, loss, parts)
         return loss, parts
 
     def save(self, folder: Path, processor: Any) -> None:
@@ -78,8 +84,9 @@ class ModelDrafter:
 
 class HeadDrafter:
     """A draft head: the training-time test over `ttt_steps` unrolled steps, against the target's distribution on
-    the head's draft vocabulary. A new head (no `draft`) starts as EAGLE-3 starts one (`heads.new`), over the
-    `draft_vocab` ids most frequent in the training responses."""
+    the head's draft vocabulary (and VSD's term, drafting its paths as tree levels: `head_paths`). A new head (no
+    `draft`) starts as EAGLE-3 starts one (`heads.new`), over the `draft_vocab` ids most frequent in the training
+    responses."""
 
     def __init__(self, settings: Any, target: PreTrainedModel, prepared: list[Prepared], reduce, vocab_limit: int):
         if settings.draft is not None:
@@ -97,13 +104,23 @@ class HeadDrafter:
             )
         self.tap = FeatureTap.on(adapter_for(target).language_model, check_head(head, target))
         self.steps = settings.ttt_steps
+        self.settings = settings
 
     def loss(self, run: Any, example: Example) -> tuple[torch.Tensor, dict[str, float]]:
         features = self.tap.take()
         full = append_tokens(example.inputs, example.response.to(example.inputs["input_ids"].device))
         seen = head_inputs(example, features, run.target_adapter.prompt_positions(full))
         losses = unrolled_losses(self.module, example, seen, self.steps, self.draft_ids)
-        return ttt_loss(losses), {"step 0": float(losses[0].detach()), "last step": float(losses[-1].detach())}
+        loss = ttt_loss(losses)
+        parts = {
+            "ttt": float(loss.detach()),
+            "step 0": float(losses[0].detach()),
+            "last step": float(losses[-1].detach()),
+        }
+        if self.settings.objective == "vsd":
+            paths = HeadPaths(self.module, self.tap, run.target_adapter)
+            loss = with_vsd(run, paths, example, loss, parts)
+        return loss, parts
 
     def save(self, folder: Path, processor: Any) -> None:
         """The head in the released layout and dtype (bfloat16, as SpecForge and AngelSlim ship heads)."""

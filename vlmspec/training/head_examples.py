@@ -43,6 +43,26 @@ def trailing_run(mask: torch.Tensor) -> int:
     return int(flipped.cumprod(0).sum())
 
 
+def unrolled_outputs(head: Eagle3Head, seen: HeadInputs, chains: int, steps: int) -> list[torch.Tensor]:
+    """The head's pre-norm outputs of each unrolled step, with gradient: step k's `(chains - k, H)` for the chains,
+    the last `chains` entries (a contiguous run of kept ones)."""
+    index = seen.entries.nonzero().squeeze(1)
+    causal = torch.ones(len(index), len(index), dtype=torch.bool, device=index.device).tril()
+    cache = DynamicCache(config=head.config)
+    out = head(
+        input_ids=seen.ids[index + 1][None],
+        position_ids=seen.positions[..., index][..., None, :],
+        features=seen.features[index][None],
+        attention_mask=additive(causal, head.fc.weight.dtype),
+        cache=cache,
+        logits_to_keep=1,
+    )
+    outputs = [out.hidden_states[0, len(index) - chains :]]
+    for step in range(1, steps):
+        outputs.append(_step(head, seen, cache, outputs[-1][: chains - step], len(index), chains, step))
+    return outputs
+
+
 def unrolled_losses(
     head: Eagle3Head, example: Example, seen: HeadInputs, steps: int, draft_ids: torch.Tensor
 ) -> list[torch.Tensor]:
@@ -50,26 +70,11 @@ def unrolled_losses(
     response + steps - 1 entries (fewer where pruning cut into them), so that every response token is predicted at
     every step it can be."""
     response = example.response.shape[0]
-    prompt = example.prompt_length
-    dtype = head.fc.weight.dtype
-    index = seen.entries.nonzero().squeeze(1)
     chains = min(response + steps - 1, trailing_run(seen.entries))
     targets = restricted(example.target_probs, draft_ids.to(example.target_probs.device))
-    causal = torch.ones(len(index), len(index), dtype=torch.bool, device=index.device).tril()
-    cache = DynamicCache(config=head.config)
-    out = head(
-        input_ids=seen.ids[index + 1][None],
-        position_ids=seen.positions[..., index][..., None, :],
-        features=seen.features[index][None],
-        attention_mask=additive(causal, dtype),
-        cache=cache,
-        logits_to_keep=1,
-    )
-    hidden, losses = out.hidden_states[0, len(index) - chains :], []
-    for step in range(steps):
-        if step:
-            hidden = _step(head, seen, cache, hidden[: chains - step], len(index), chains, step)
-        rows, valid = unrolled_rows(prompt, response, chains, step)
+    losses = []
+    for step, hidden in enumerate(unrolled_outputs(head, seen, chains, steps)):
+        rows, valid = unrolled_rows(example.prompt_length, response, chains, step)
         log_probs = torch.log_softmax(head.draft_logits(hidden).float(), dim=-1)
         losses.append(soft_cross_entropy(log_probs, targets[rows], valid.to(log_probs.device)))
     return losses

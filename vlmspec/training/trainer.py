@@ -71,8 +71,6 @@ class TrainSettings:
             raise InvalidArgumentError(f"--kind must be model or head, got {self.kind!r}")
         if self.kind == "model" and self.draft is None:
             raise InvalidArgumentError("--kind model needs --draft: the VLM draft to start from")
-        if self.kind == "head" and self.objective == "vsd":
-            raise InvalidArgumentError("--objective vsd is not implemented for heads: train a head with kd")
         if self.ttt_steps < 1 or (self.draft_vocab is not None and self.draft_vocab < 1):
             raise InvalidArgumentError("--ttt-steps and --draft-vocab must be at least 1")
         if self.objective not in ("kd", "vsd"):

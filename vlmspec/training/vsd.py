@@ -2,7 +2,8 @@
 response, the draft proposes S paths of L tokens (sampled), the target scores them, the oracle keeps those at least as
 valid as the target's greedy path, the target's own continuation (the response) replaces the others, and the draft's
 weighted likelihood of the result is the loss (`objectives.vsd_loss`, eq. 17). The draft reads the prompt's kept
-tokens, as when it decodes."""
+tokens, as when it decodes. What the draft does (read a prefix, sample paths after it, score paths) is its `paths`
+object's: `ModelPaths` for a VLM draft, `head_paths.HeadPaths` for a head."""
 
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ def read_prefix(model: PreTrainedModel, adapter: ModelAdapter, inputs: dict, kee
     return Prefix(cache, int(positions[..., -1].max()) + 1, out.logits[0, -1])
 
 
-def _repeated(model: PreTrainedModel, prefix: Prefix, rows: int, detach: bool = False) -> DynamicCache:
+def repeated_cache(model: PreTrainedModel, prefix: Prefix, rows: int, detach: bool = False) -> DynamicCache:
     """A new cache holding the prefix's keys and values for `rows` rows (the prefix's own cache stays as it is)."""
     cache = DynamicCache(config=model.config)
     for index, layer in enumerate(prefix.cache.layers):
@@ -65,7 +66,7 @@ def _path_log_probs(
     """`(N, L)` the log-probability `model` gives each token of `paths` `(N, L)` after the prefix (the prefix's cache
     repeated for the N paths; gradient flows where the cache carries it)."""
     rows, length = paths.shape
-    cache = _repeated(model, prefix, rows)
+    cache = repeated_cache(model, prefix, rows)
     positions = adapter.position_ids(torch.arange(prefix.next_position, prefix.next_position + length - 1))
     first = torch.log_softmax(prefix.last_logits[:vocab_limit].float(), -1).expand(rows, -1)
     logs = [first.gather(1, paths[:, :1])]
@@ -88,7 +89,7 @@ def _sample_paths(
 ) -> torch.Tensor:
     """`(S, L)` paths sampled from the draft after its prefix, token by token."""
     rows = config.samples
-    cache = _repeated(draft, prefix, rows, detach=True)
+    cache = repeated_cache(draft, prefix, rows, detach=True)
     logits = prefix.last_logits[:vocab_limit].detach().float().expand(rows, -1)
     tokens = []
     for step in range(config.length):
@@ -102,41 +103,55 @@ def _sample_paths(
     return torch.cat(tokens, 1)
 
 
+class ModelPaths:
+    """VSD's draft side for a VLM draft: it reads the prefix's kept tokens into a cache, samples paths token by token
+    and scores paths (with gradient)."""
+
+    def __init__(self, model: PreTrainedModel, adapter: ModelAdapter):
+        self.model, self.adapter = model, adapter
+
+    def prefix(self, inputs: dict, keep: torch.Tensor | None) -> Prefix:
+        return read_prefix(self.model, self.adapter, inputs, keep)
+
+    def sample(self, prefix: Prefix, config: VSDConfig, vocab_limit: int, generator) -> torch.Tensor:
+        return _sample_paths(self.model, self.adapter, prefix, config, vocab_limit, generator)
+
+    def log_probs(self, prefix: Prefix, paths: torch.Tensor, vocab_limit: int) -> torch.Tensor:
+        return _path_log_probs(self.model, self.adapter, prefix, paths, vocab_limit)
+
+
 def vsd_step_loss(
     target: PreTrainedModel,
-    draft: PreTrainedModel,
-    adapters: tuple[ModelAdapter, ModelAdapter],
+    target_adapter: ModelAdapter,
+    paths,
     example: Example,
     config: VSDConfig,
     vocab_limit: int,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor | None:
-    """The VSD term of one example, averaged over its anchors (None where the response is too short for a path)."""
-    target_adapter, draft_adapter = adapters
+    """The VSD term of one example, averaged over its anchors (None where the response is too short for a path);
+    `paths` is the draft's side (`ModelPaths`, or a head's `HeadPaths`)."""
     response = example.response
     last = response.shape[0] - config.length
     if last < 0:
         return None
     anchors = torch.randperm(last + 1, generator=generator)[: config.anchors].tolist()
-    losses = [
-        _anchor_loss(target, draft, target_adapter, draft_adapter, example, t, config, vocab_limit, generator)
-        for t in anchors
-    ]
+    losses = [_anchor_loss(target, target_adapter, paths, example, t, config, vocab_limit, generator) for t in anchors]
     return torch.stack(losses).mean()
 
 
 def _anchor_loss(
     target: PreTrainedModel,
-    draft: PreTrainedModel,
     target_adapter: ModelAdapter,
-    draft_adapter: ModelAdapter,
+    paths,
     example: Example,
     anchor: int,
     config: VSDConfig,
     vocab_limit: int,
     generator: torch.Generator | None,
 ) -> torch.Tensor:
-    """Algorithm 1 at one anchor: E-step (proposals, oracle, correction) then the M-step's loss."""
+    """Algorithm 1 at one anchor: E-step (proposals, oracle, correction) then the M-step's loss. The draft reads its
+    prefix right after the target's forward over it (a head reads that forward's features)."""
     inputs = append_tokens(example.inputs, example.response[:anchor])
     keep = None
     if example.keep is not None:
@@ -144,15 +159,16 @@ def _anchor_loss(
     continuation = example.response[anchor : anchor + config.length][None]
     with torch.no_grad():
         target_prefix = read_prefix(target, target_adapter, inputs, None)
+    drafted = paths.prefix(inputs, keep)
+    with torch.no_grad():
         greedy = _greedy_path(target, target_adapter, target_prefix, config.length, vocab_limit)
-    drafted = read_prefix(draft, draft_adapter, inputs, keep)
-    proposals = _sample_paths(draft, draft_adapter, drafted, config, vocab_limit, generator)
+    proposals = paths.sample(drafted, config, vocab_limit, generator)
     with torch.no_grad():
-        paths = torch.cat([proposals, continuation, greedy])
-        target_logs = _path_log_probs(target, target_adapter, target_prefix, paths, vocab_limit)
-    draft_logs = _path_log_probs(draft, draft_adapter, drafted, torch.cat([proposals, continuation]), vocab_limit)
+        scored = torch.cat([proposals, continuation, greedy])
+        target_logs = _path_log_probs(target, target_adapter, target_prefix, scored, vocab_limit)
+    draft_logs = paths.log_probs(drafted, torch.cat([proposals, continuation]), vocab_limit)
     with torch.no_grad():
-        greedy_draft = _path_log_probs(draft, draft_adapter, drafted, greedy, vocab_limit)
+        greedy_draft = paths.log_probs(drafted, greedy, vocab_limit)
         validity = log_path_validity(target_logs[:-1], draft_logs.detach())
         greedy_validity = log_path_validity(target_logs[-1:], greedy_draft)[0]
         weights = length_weights(config.length, device=validity.device)
@@ -169,7 +185,7 @@ def _greedy_path(
     target: PreTrainedModel, adapter: ModelAdapter, prefix: Prefix, length: int, vocab_limit: int
 ) -> torch.Tensor:
     """`(1, L)` the target's greedy continuation of its prefix (its oracle's baseline, Algorithm 2)."""
-    cache = _repeated(target, prefix, 1)
+    cache = repeated_cache(target, prefix, 1)
     token = prefix.last_logits[:vocab_limit].argmax()[None, None]
     tokens = [token]
     for step in range(length - 1):
