@@ -187,9 +187,15 @@ def level_ms(
 ) -> list[float]:
     """The draft's forward over one tree level of each width in `widths`, after a cache of `context` tokens."""
     runner = prefilled(model, context, compile)
+    return levels_ms(runner, widths, repeats, regular_ids(model))
+
+
+def levels_ms(runner: ModelRunner, widths: list[int], repeats: int, high: int) -> list[float]:
+    """`runner`'s forward over one tree level (children of the root) of each width in `widths`, random ids below
+    `high`, its cache put back after each."""
     result = []
     for width in widths:
-        tokens = random_ids(width, runner.device, seed=width, high=regular_ids(model))
+        tokens = random_ids(width, runner.device, seed=width, high=high)
         depths = torch.ones(width, dtype=torch.long, device=runner.device)
         visible = with_edges(torch.eye(width, dtype=torch.bool, device=runner.device))
         result.append(
@@ -286,17 +292,7 @@ def head_level_ms(
     runner.take(prompt, room=0)
     one = torch.zeros(1, dtype=torch.long, device=runner.device)
     rewound_ms(runner, lambda start: runner.forward_rows(ids[:, -1:], one, start, None, features=features[:, -1:]), 1)
-    result = []
-    for width in widths:
-        tokens = random_ids(width, runner.device, seed=width, high=regular_ids(target))
-        depths = torch.ones(width, dtype=torch.long, device=runner.device)
-        visible = with_edges(torch.eye(width, dtype=torch.bool, device=runner.device))
-        result.append(
-            rewound_ms(
-                runner, lambda start, t=tokens, d=depths, v=visible: runner.forward_rows(t, d, start, v), repeats
-            )
-        )
-    return result
+    return levels_ms(runner, widths, repeats, regular_ids(target))
 
 
 def generate_ms(model: PreTrainedModel, ids: torch.Tensor, new_tokens: int, repeats: int, **kwargs) -> float:

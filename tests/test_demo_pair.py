@@ -7,7 +7,8 @@ import json
 import torch
 
 import vlmspec
-from vlmspec.demo_models import DEMO_DIR, demo_pair
+from vlmspec.cli import main
+from vlmspec.demo_models import DEMO_DIR, demo_head, demo_pair
 from vlmspec.processors import chat_messages, load_image, load_video
 
 
@@ -33,3 +34,12 @@ def test_the_demo_pair_decodes_its_samples_exactly():
         inputs = processor(processor.apply_chat_template(messages), **media)
         expected = spec.target.generate(**inputs, do_sample=False, max_new_tokens=40)
         assert torch.equal(spec.generate(**inputs, max_new_tokens=40), expected)
+
+
+def test_the_demo_head_ships_in_the_released_layout_and_the_demo_drafts_with_it_exactly(capsys):
+    config = json.loads((DEMO_DIR / "head" / "config.json").read_text())
+    assert demo_head() is not None and config["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert config["torch_dtype"] == "bfloat16" and config["hidden_size"] == 512
+    main(["demo", "--head", "--max-new-tokens", "24"])
+    out = capsys.readouterr().out
+    assert f"draft {demo_head()}" in out and out.count("identical to plain generate: True") == 2

@@ -82,7 +82,7 @@ def _fail(message: str, code: int) -> NoReturn:
 def _demo(args: argparse.Namespace) -> None:
     from .eval.demo import run_demo
 
-    run_demo(max_new_tokens=args.max_new_tokens, policy=args.policy, draft=args.draft)
+    run_demo(max_new_tokens=args.max_new_tokens, policy=args.policy, draft=args.draft, head=args.head)
 
 
 def _generate(args: argparse.Namespace) -> None:
@@ -510,11 +510,13 @@ def _add_demo_parser(commands: argparse._SubParsersAction) -> None:
     demo = commands.add_parser("demo", help="caption the bundled sample image and video with the demo pair")
     demo.add_argument("--max-new-tokens", type=_number(int, 1), default=200)
     demo.add_argument("--policy", default="auto", choices=POLICIES)
-    demo.add_argument(
+    drafts = demo.add_mutually_exclusive_group()
+    drafts.add_argument(
         "--draft",
         help="a draft for the demo target in place of the bundled one: a VLM draft's or a draft head's folder "
         "(the EAGLE-3 layout) or hub id",
     )
+    drafts.add_argument("--head", action="store_true", help="draft with the bundled demo head (EAGLE-3 layout)")
     demo.set_defaults(run=_demo)
 
 

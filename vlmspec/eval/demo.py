@@ -7,19 +7,24 @@ import time
 import torch
 
 from ..api import load_pair
-from ..demo_models import DEMO_DIR, demo_pair
+from ..demo_models import DEMO_DIR, demo_head, demo_pair
 from ..processors import chat_messages, load_image, load_video
 from .synthetic import IMAGE_PROMPT, VIDEO_PROMPT
 
 
-def run_demo(max_new_tokens: int = 200, policy: str = "auto", draft: str | None = None) -> None:
+def run_demo(max_new_tokens: int = 200, policy: str = "auto", draft: str | None = None, head: bool = False) -> None:
     """Print each sample's caption, whether it equals plain greedy output, tau and the speedup. `draft` (a VLM draft's
-    or a draft head's folder or hub id) drafts for the demo target in place of the bundled demo draft."""
+    or a draft head's folder or hub id), or with `head` the bundled demo head, drafts for the demo target in place
+    of the bundled demo draft."""
     pair = demo_pair()
     if pair is None:
         raise SystemExit(
             f"the demo pair is not installed in {DEMO_DIR}; train it with `python -m vlmspec.eval.train_demo`"
         )
+    if head:
+        draft = demo_head()
+        if draft is None:
+            raise SystemExit(f"the demo head is not installed in {DEMO_DIR / 'head'}")
     spec = load_pair(*(() if draft is None else (pair[0], draft)), torch_dtype=torch.float32)
     print(f"target {pair[0]}, draft {pair[1] if draft is None else draft}")
     processor = spec.processor
