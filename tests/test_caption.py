@@ -230,7 +230,8 @@ def test_a_run_killed_midway_and_resumed_records_every_input_once(pair, tmp_path
     for i in range(12):
         write_image(folder / f"img{i:02d}.png", seed=i)
     out = tmp_path / "captions.jsonl"
-    command = CLI + caption_args(pair, [str(folder)], out, max_new_tokens=48)
+    # One input at a time, so that the kill lands between records however fast the machine decodes.
+    command = CLI + caption_args(pair, [str(folder)], out, "--batch-size", "1", max_new_tokens=48)
     process = subprocess.Popen(command, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     while time.time() < deadline and len(read_records(out)) < 2:

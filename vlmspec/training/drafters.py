@@ -100,13 +100,14 @@ class HeadDrafter:
         self.draft_ids = head.draft_to_target()
         if int(self.draft_ids.max()) >= vocab_limit:
             raise InvalidArgumentError(
-                f"the head drafts ids up to {int(self.draft_ids.max())}, the target's {vocab_limit}"
+                f"the head drafts ids up to {int(self.draft_ids.max())}, but the target has {vocab_limit} tokens"
             )
         self.tap = FeatureTap.on(adapter_for(target).language_model, check_head(head, target))
         self.steps = settings.ttt_steps
         self.settings = settings
 
     def loss(self, run: Any, example: Example) -> tuple[torch.Tensor, dict[str, float]]:
+        """The example's loss; the tap holds the features of the target's forward that made `example`."""
         features = self.tap.take()
         full = append_tokens(example.inputs, example.response.to(example.inputs["input_ids"].device))
         seen = head_inputs(example, features, run.target_adapter.prompt_positions(full))
