@@ -82,8 +82,8 @@ class TrainSettings:
 
 
 class Run:
-    """A training run's models, data and state. The draft (`drafter`) and its optimiser come with `start`, once the
-    responses are known (a new head's vocabulary is theirs)."""
+    """A training run's models, data and state. A head (`drafter`) and the draft's optimiser come with `start`, once
+    the responses are known (a new head's vocabulary is theirs)."""
 
     def __init__(self, settings: TrainSettings, accelerator: Accelerator):
         self.settings, self.accelerator = settings, accelerator
@@ -91,9 +91,14 @@ class Run:
         self.target.requires_grad_(False)
         self.target_adapter = adapter_for(self.target)
         self.processor = load_processor(settings.target)
-        self.vocab_limit = check_vocabularies(self.target, self.target, len(self.processor.tokenizer))
         self.pruning = resolve_pruning(settings.pruning, None)
+        # A VLM draft is loaded and checked against the target before any response is written; a head waits for
+        # the responses (a new one's vocabulary is theirs).
         self.drafter: ModelDrafter | HeadDrafter | None = None
+        self.vocab_limit = check_vocabularies(self.target, self.target, len(self.processor.tokenizer))
+        if settings.kind == "model":
+            self.drafter = ModelDrafter(settings, self.target, accelerator.device)
+            self.vocab_limit = check_vocabularies(self.target, self.draft, len(self.processor.tokenizer))
         self.optimizer: torch.optim.Optimizer | None = None
         self.step = 0
         self.order = random.Random(settings.seed)
@@ -101,15 +106,13 @@ class Run:
         self.generator = torch.Generator().manual_seed(settings.seed + accelerator.process_index)
 
     def start(self, prepared: list[Prepared]) -> None:
-        """Load the draft, or make a new head over the responses' most frequent tokens (counted over every
-        process), and its optimiser."""
+        """Load the head, or make a new one over the responses' most frequent tokens (counted over every process),
+        and the draft's optimiser."""
         settings, device = self.settings, self.accelerator.device
-        if settings.kind == "head":
+        if self.drafter is None:
             reduce = (lambda t: self.accelerator.reduce(t.to(device), "sum").cpu()) if self._shared else None
             self.drafter = HeadDrafter(settings, self.target, prepared, reduce, self.vocab_limit)
-        else:
-            self.drafter = ModelDrafter(settings, self.target, device)
-        self.vocab_limit = check_vocabularies(self.target, self.draft, len(self.processor.tokenizer))
+            self.vocab_limit = check_vocabularies(self.target, self.draft, len(self.processor.tokenizer))
         # Not wrapped for DDP: VSD runs the draft several times before one backward, so the processes average their
         # gradients themselves (`sync_gradients`).
         self.draft.train()
