@@ -25,7 +25,7 @@ from .head_objectives import ttt_loss
 from .head_paths import HeadPaths
 from .objectives import kd_loss
 from .responses import Prepared
-from .vsd import ModelPaths, vsd_step_loss
+from .vsd import DraftPaths, ModelPaths, vsd_step_loss
 
 #: The released heads' draft vocabulary: a new head's default, where the target's vocabulary is larger.
 DRAFT_VOCAB = 32000
@@ -51,7 +51,9 @@ def frequent_ids(responses: list[torch.Tensor], limit: int, size: int, reduce=No
     return order[: min(size, limit)].sort().values
 
 
-def with_vsd(run: Any, paths: Any, example: Example, loss: torch.Tensor, parts: dict[str, float]) -> torch.Tensor:
+def with_vsd(
+    run: Any, paths: DraftPaths, example: Example, loss: torch.Tensor, parts: dict[str, float]
+) -> torch.Tensor:
     """`loss` plus VSD's path term (weighted `--vsd-weight`) where the response is long enough for a path, recorded
     in `parts`."""
     settings = run.settings

@@ -8,6 +8,7 @@ object's: `ModelPaths` for a VLM draft, `head_paths.HeadPaths` for a head."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -103,6 +104,17 @@ def _sample_paths(
     return torch.cat(tokens, 1)
 
 
+class DraftPaths(Protocol):
+    """The draft's side of VSD: read a prefix (its processor outputs, the kept tokens where `keep` says), sample
+    `(S, L)` paths after it, and score `(N, L)` paths with gradient."""
+
+    def prefix(self, inputs: dict, keep: torch.Tensor | None) -> Any: ...
+
+    def sample(self, prefix: Any, config: VSDConfig, vocab_limit: int, generator) -> torch.Tensor: ...
+
+    def log_probs(self, prefix: Any, paths: torch.Tensor, vocab_limit: int) -> torch.Tensor: ...
+
+
 class ModelPaths:
     """VSD's draft side for a VLM draft: it reads the prefix's kept tokens into a cache, samples paths token by token
     and scores paths (with gradient)."""
@@ -123,7 +135,7 @@ class ModelPaths:
 def vsd_step_loss(
     target: PreTrainedModel,
     target_adapter: ModelAdapter,
-    paths,
+    paths: DraftPaths,
     example: Example,
     config: VSDConfig,
     vocab_limit: int,
@@ -143,7 +155,7 @@ def vsd_step_loss(
 def _anchor_loss(
     target: PreTrainedModel,
     target_adapter: ModelAdapter,
-    paths,
+    paths: DraftPaths,
     example: Example,
     anchor: int,
     config: VSDConfig,
