@@ -10,6 +10,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import Cache
 
 from ..adapters.base import FEATURE_KEY, ModelAdapter, Prefill, VisualLayout, kept_index
+from ..engine.tree import additive_mask
 from .module import Eagle3Head
 
 
@@ -105,11 +106,8 @@ class HeadAdapter(ModelAdapter):
         q = tokens.shape[1]
         if q == 0:
             return
-        held = cache.get_seq_length()
-        seen = torch.ones(q, held + q, dtype=torch.bool, device=self.device)
-        seen[:, held:] = seen[:, held:].tril()
-        additive = torch.zeros(seen.shape, dtype=self.dtype, device=self.device)
-        additive = additive.masked_fill(~seen, torch.finfo(self.dtype).min)[None, None]
+        causal = torch.ones(q, q, dtype=torch.bool, device=self.device).tril()
+        additive = additive_mask(causal, self.dtype, prefix_len=cache.get_seq_length())
         positions = torch.arange(next_position, next_position + q, device=self.device)
         self.model(
             input_ids=tokens.to(self.device),

@@ -10,17 +10,19 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from ..engine.tree import additive_mask
 from ..heads import Eagle3Head
+from ..heads.module import HeadOutput
 from .examples import Example
-from .head_objectives import additive, restricted, soft_cross_entropy, unrolled_mask, unrolled_rows
+from .head_objectives import restricted, soft_cross_entropy, unrolled_mask, unrolled_rows
 
 
 @dataclass
 class HeadInputs:
     """The example's sequence as the head reads it: `ids` `(T,)` (prompt then response), the target's `features`
-    `(T, 3H)` and `positions` `(..., T)` (the target's position ids of each token), and which positions are entries
-    (`entries` `(T - 2,)` bool: kept by pruning; the last token's entry would predict past what the target
-    scored)."""
+    `(T, 3H)` and `positions` `(..., T)` (the target's position ids of each token), and which positions j < T - 1
+    feed an entry (`entries` bool; for training `(T - 2,)`, kept by pruning: the last token's entry would predict
+    past what the target scored)."""
 
     ids: torch.Tensor
     features: torch.Tensor
@@ -43,23 +45,29 @@ def trailing_run(mask: torch.Tensor) -> int:
     return int(flipped.cumprod(0).sum())
 
 
-def unrolled_outputs(head: Eagle3Head, seen: HeadInputs, chains: int, steps: int) -> list[torch.Tensor]:
-    """The head's pre-norm outputs of each unrolled step, with gradient: step k's `(chains - k, H)` for the chains,
-    the last `chains` entries (a contiguous run of kept ones)."""
+def entries_pass(head: Eagle3Head, seen: HeadInputs, cache: DynamicCache) -> HeadOutput:
+    """The head's prompt pass over `seen`'s entries into `cache`, with gradient: each entry's token (the one after
+    its position) beside the target's feature at its position, at that position, attending causally."""
     index = seen.entries.nonzero().squeeze(1)
     causal = torch.ones(len(index), len(index), dtype=torch.bool, device=index.device).tril()
-    cache = DynamicCache(config=head.config)
-    out = head(
+    return head(
         input_ids=seen.ids[index + 1][None],
         position_ids=seen.positions[..., index][..., None, :],
         features=seen.features[index][None],
-        attention_mask=additive(causal, head.fc.weight.dtype),
+        attention_mask=additive_mask(causal, head.fc.weight.dtype),
         cache=cache,
         logits_to_keep=1,
     )
-    outputs = [out.hidden_states[0, len(index) - chains :]]
+
+
+def unrolled_outputs(head: Eagle3Head, seen: HeadInputs, chains: int, steps: int) -> list[torch.Tensor]:
+    """The head's pre-norm outputs of each unrolled step, with gradient: step k's `(chains - k, H)` for the chains,
+    the last `chains` entries (a contiguous run of kept ones)."""
+    entries = int(seen.entries.sum())
+    cache = DynamicCache(config=head.config)
+    outputs = [entries_pass(head, seen, cache).hidden_states[0, entries - chains :]]
     for step in range(1, steps):
-        outputs.append(_step(head, seen, cache, outputs[-1][: chains - step], len(index), chains, step))
+        outputs.append(_step(head, seen, cache, outputs[-1][: chains - step], entries, chains, step))
     return outputs
 
 
@@ -91,7 +99,7 @@ def _step(
         input_ids=seen.ids[chain + 1 + step][None],
         position_ids=seen.positions[..., chain + step][..., None, :],
         features=fed[None],
-        attention_mask=additive(unrolled_mask(entries, chains, step, seen.ids.device), head.fc.weight.dtype),
+        attention_mask=additive_mask(unrolled_mask(entries, chains, step, seen.ids.device), head.fc.weight.dtype),
         cache=cache,
         logits_to_keep=1,
     )

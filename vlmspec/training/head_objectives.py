@@ -38,13 +38,6 @@ def unrolled_mask(entries: int, chains: int, step: int, device: torch.device | N
     return torch.cat([first, *own], dim=1)
 
 
-def additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """`mask` (q, k) bool as the additive 4-D mask attention takes, `(1, 1, q, k)`: 0 where seen, the dtype's
-    lowest elsewhere."""
-    bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
-    return bias.masked_fill(~mask, torch.finfo(dtype).min)[None, None]
-
-
 def unrolled_rows(prompt: int, response: int, chains: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     """For unrolled step `step`, each chain's row of the target's distributions over the response (row r: after the
     token before response token r), and whether it has one. The sequence has `prompt` + `response` tokens, the

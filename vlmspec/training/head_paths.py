@@ -13,7 +13,7 @@ from transformers import DynamicCache
 from ..adapters import ModelAdapter
 from ..engine.features import FeatureTap
 from ..heads import Eagle3Head
-from .head_objectives import additive
+from .head_examples import HeadInputs, entries_pass
 from .vsd import VSDConfig, repeated_cache
 
 #: The log-probability a path's token outside the draft vocabulary gets: the head cannot propose it, and the path's
@@ -42,24 +42,14 @@ class HeadPaths:
     def prefix(self, inputs: dict, keep: torch.Tensor | None) -> HeadPrefix:
         """The head's entries of the prefix `inputs` (those `keep` (L,) keeps), with gradient."""
         ids = inputs["input_ids"][0]
-        features = self.tap.take()[0]
         positions = self.adapter.prompt_positions(inputs)[..., 0, :]
         entries = torch.ones(ids.shape[0] - 1, dtype=torch.bool, device=ids.device)
         if keep is not None:
             entries = keep[:-1].to(ids.device)
-        index = entries.nonzero().squeeze(1)
-        causal = torch.ones(len(index), len(index), dtype=torch.bool, device=ids.device).tril()
         cache = DynamicCache(config=self.head.config)
-        placed = positions[..., index]
-        out = self.head(
-            input_ids=ids[index + 1][None],
-            position_ids=placed[..., None, :],
-            features=features[index][None],
-            attention_mask=additive(causal, self.head.fc.weight.dtype),
-            cache=cache,
-            logits_to_keep=1,
-        )
-        return HeadPrefix(cache, int(placed[..., -1].max()) + 1, out.logits[0, -1], out.hidden_states[0, -1])
+        out = entries_pass(self.head, HeadInputs(ids, self.tap.take()[0], positions, entries), cache)
+        last = int(positions[..., :-1][..., entries][..., -1].max())
+        return HeadPrefix(cache, last + 1, out.logits[0, -1], out.hidden_states[0, -1])
 
     def _level(self, prefix: HeadPrefix, cache, tokens: torch.Tensor, hidden: torch.Tensor, step: int):
         """One level of every path: `tokens` (N, 1) beside `hidden` (N, 1, H) at the prefix's next position + step."""
