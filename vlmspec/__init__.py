@@ -1,6 +1,7 @@
 """vlmspec: lossless speculative decoding for vision-language models, with entropy-adaptive draft trees (SAGE)."""
 
 from .api import generate, load_pair
+from .engine.relaxed import RelaxedVerification
 from .engine.stats import SpecStats, StepRecord
 from .errors import (
     CalibrationError,
@@ -84,6 +85,7 @@ __all__ = [
     "UnsupportedMediaError",
     "PathEntropyBins",
     "PruningConfig",
+    "RelaxedVerification",
     "SageConfig",
     "SageGtConfig",
     "SageGtPolicy",

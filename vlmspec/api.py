@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from .demo_models import demo_pair
+from .engine.relaxed import resolve_verification
 from .engine.stats import SpecStats
 from .processors import load_images, load_videos
 from .processors.checks import check_context, check_count, check_frame_request, check_prompts
@@ -67,6 +68,7 @@ def generate(
     draft_quantization: Any = None,
     compile: str | bool = "auto",
     batch_size: int = 8,
+    verification: Any = "exact",
     **options: Any,
 ) -> str | list[str] | tuple[str | list[str], SpecStats | list[SpecStats]]:
     """Describe images and videos with a target VLM, sped up by its draft; returns exactly the target's own text.
@@ -83,12 +85,15 @@ def generate(
 
     The pair goes where `device_map` says; by default onto the first GPU when one is visible, else the CPU.
     `compile` (`"auto"`, `"on"`/True, `"off"`/False) runs the decoding forwards compiled; `"auto"` on CUDA only.
+    `verification="relaxed"` (or a `RelaxedVerification`) trades exactness for speed, greedy only: the text may then
+    differ from the target's (the stats' `differing_tokens` count where; docs/policies.md).
 
     Arguments are checked before any model loads; bad ones and bad media raise the `VLMSpecError` of their kind,
     naming the argument or file.
     """
     frames = dict(num_frames=num_frames, fps=fps, max_frames=max_frames, start=start, end=end)
     prompts = _checked_prompts(prompt, max_new_tokens, batch_size, frames)
+    resolve_verification(verification)
     spec = load_pair(
         model,
         draft,
@@ -98,7 +103,7 @@ def generate(
         draft_quantization=draft_quantization,
         compile=compile,
     )
-    runner = spec.with_options(policy, pruning, prune_ratio)
+    runner = spec.with_options(policy, pruning, prune_ratio, verification)
     inputs = _checked_inputs(runner, prompts, images, videos, frames, max_new_tokens)
     if isinstance(prompt, str):
         return _generate_one(runner, inputs[0], max_new_tokens, return_stats, options)

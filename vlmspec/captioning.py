@@ -1,6 +1,8 @@
 """Batch captioning of image and video collections into a JSON-lines file that survives bad files and interruptions.
 
-Every input gets exactly one line: `{"path", "caption", "new_tokens", "tau", "seconds"}` or, for an input that cannot be
+Every input gets exactly one line: `{"path", "caption", "new_tokens", "tau", "seconds"}` (under relaxed verification
+also `"verification"`, its rule, and `"differing_tokens"`, the caption's tokens that are not the target's choice) or,
+for an input that cannot be
 captioned (`INPUT_ERRORS`: missing, unreadable or refused media, a prompt that does not fit it, a KV cache over the
 memory budget), `{"path", "error", "error_type"}`. Inputs decode together, up to `batch_size` at once
 (`SpeculativeVLM.stream`, continuous batching), their media read and processed ahead on background threads; each record
@@ -486,13 +488,16 @@ def _caption_record(spec: SpeculativeVLM, result: RowResult, length: int) -> dic
     """The record of a captioned input (`length` prompt tokens): its text, tokens, tau and its own seconds, from its
     admission to its end."""
     stats = result.stats
-    return {
+    record = {
         "path": result.key,
         "caption": spec.processor.tokenizer.decode(result.sequence[0, length:], skip_special_tokens=True),
         "new_tokens": stats.new_tokens,
         "tau": round(stats.mean_accept_length, 3),
         "seconds": round(stats.total_seconds, 3),
     }
+    if stats.verification != "exact":  # lossy: the caption may not be the target's own
+        record |= {"verification": stats.verification, "differing_tokens": stats.differing_tokens}
+    return record
 
 
 def _error_record(path: str, error: Exception) -> dict[str, Any]:

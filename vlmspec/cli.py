@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from .engine.relaxed import DIRECTIONS, VERIFICATION_NAMES
 from .eval.calibrate_command import add_calibrate_parser
 from .training.command import add_train_draft_parser
 
@@ -48,6 +49,8 @@ GENERATION_FLAGS = (
     "min_new_tokens",
     "stop_strings",
 )
+#: The settings of relaxed verification (`--verification relaxed`).
+RELAXED_FLAGS = ("tau_base", "gamma", "top_beta", "direction")
 #: The settings that only matter when sampling.
 SHAPING = ("temperature", "top_p", "top_k")
 
@@ -72,6 +75,17 @@ def device_map_for(device: Any) -> dict[str, str]:
 def generation_options(args: argparse.Namespace) -> dict[str, Any]:
     """The generation settings given on the command line; every other one stays the model's generation config."""
     return {name: getattr(args, name) for name in GENERATION_FLAGS if getattr(args, name, None) is not None}
+
+
+def verification_choice(args: argparse.Namespace) -> Any:
+    """`--verification` and its settings: "exact", or a `RelaxedVerification` of the settings given (the rest its
+    defaults)."""
+    from .engine.relaxed import RelaxedVerification
+
+    if args.verification == "exact":
+        return "exact"
+    given = {name: getattr(args, name) for name in RELAXED_FLAGS if getattr(args, name) is not None}
+    return RelaxedVerification(**given)
 
 
 def _fail(message: str, code: int) -> NoReturn:
@@ -103,6 +117,7 @@ def _generate(args: argparse.Namespace) -> None:
             start=args.start,
             end=args.end,
             policy=args.policy,
+            verification=verification_choice(args),
             **load_options(args),
             **({} if args.device is None else {"device_map": device_map_for(args.device)}),
             **generation_options(args),
@@ -169,7 +184,8 @@ def _caption_pair_factory(args: argparse.Namespace) -> Callable[[Any], Speculati
         device_map = device_map_for(state.device if args.device is None else args.device)
         if device_map[""] == "cpu":
             device_map = None
-        return load_pair(**load_options(args), device_map=device_map).with_options(args.policy)
+        pair = load_pair(**load_options(args), device_map=device_map)
+        return pair.with_options(args.policy, verification=verification_choice(args))
 
     return spec_factory
 
@@ -213,7 +229,9 @@ def _bench(args: argparse.Namespace) -> None:
         _batch_bench(spec, args)
         return
     generation = generation_options(args)
-    results = run_bench(spec, args.suite, args.methods.split(","), args.n, args.max_new_tokens, generation=generation)
+    methods = args.methods.split(",")
+    made = (args.suite, methods, args.n, args.max_new_tokens)
+    results = run_bench(spec, *made, generation=generation, verifications=relaxed_grid(args))
     command = "vlmspec " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     write_report(results, Path(args.out), command)
     for name, m in results["methods"].items():
@@ -245,6 +263,7 @@ def _batch_bench(spec, args: argparse.Namespace) -> None:
         repeats=args.repeats,
         vllm_python=vllm_python(args.vllm_python),
         model=model,
+        verifications=relaxed_grid(args),
     )
     command = "vlmspec " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     out = Path(args.out)
@@ -277,7 +296,7 @@ def _profile(args: argparse.Namespace) -> None:
     # Eager, launches are counted in every forward; compiled, the compiled regions and what runs outside them.
     spec = load_pair(
         args.model, args.draft, torch_dtype=getattr(torch, args.dtype), device_map=device_map, compile=args.compile
-    )
+    ).with_options(verification=verification_choice(args))
     policies = args.policies.split(",")
     unknown = set(policies) - set(POLICIES)
     if unknown:
@@ -362,7 +381,7 @@ def _serve(args: argparse.Namespace) -> None:
         spec = load_pair(
             **load_options(args),
             device_map=default_device_map() if args.device is None else device_map_for(args.device),
-        ).with_options(args.policy)
+        ).with_options(args.policy, verification=verification_choice(args))
     except CONFIGURATION_ERRORS as error:
         _fail(f"vlmspec serve: {type(error).__name__}: {error}", EXIT_CONFIGURATION)
     name = args.served_model_name or (Path(args.model).name if args.model else "vlmspec-demo")
@@ -371,7 +390,9 @@ def _serve(args: argparse.Namespace) -> None:
         api_key=args.api_key or os.environ.get("VLMSPEC_API_KEY") or None,
         max_queue=args.max_queue,
         max_body_bytes=int(args.max_body_mb * 1e6),
-        limits=ServeLimits(args.max_images, args.max_videos, args.max_frames, args.max_n, args.default_max_tokens),
+        limits=ServeLimits(
+            args.max_images, args.max_videos, args.max_frames, args.max_n, args.default_max_tokens, args.allow_lossy
+        ),
         media=MediaLimits(
             args.allowed_local_media_path,
             int(args.max_media_mb * 1e6),
@@ -439,6 +460,78 @@ def _add_pair_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--policy", default="auto", choices=POLICIES)
     _add_compile_option(parser)
+
+
+def _add_verification_options(parser: argparse.ArgumentParser, grid: bool = False) -> None:
+    """`--verification` and relaxed verification's settings; with `grid` (the bench) each takes a comma-separated
+    list (`relaxed_grid`)."""
+    group = parser.add_argument_group(
+        "verification",
+        "exact (default): every output is the target's own. relaxed: LOSSY, greedy only; a draft token is also "
+        "accepted when it is among the target's --top-beta best and within tau_t = tau_base + gamma (1 - C) nats of "
+        "its top token, C the draft's confidence (docs/policies.md)"
+        + (
+            ". The bench runs every vlmspec method exact and under each relaxed setting: --tau-base, --gamma and "
+            "--top-beta are comma-separated lists taken in step (one value serves all), each with every --direction"
+            if grid
+            else ""
+        ),
+    )
+    many = _listed if grid else (lambda parse: parse)
+    group.add_argument("--verification", choices=VERIFICATION_NAMES, default="exact")
+    group.add_argument(
+        "--tau-base", type=many(_number(float, 0)), metavar="NATS", help="relaxed: the base margin (0.1)"
+    )
+    group.add_argument(
+        "--gamma", type=many(_number(float, 0)), help="relaxed: how much the margin moves with confidence (1)"
+    )
+    group.add_argument("--top-beta", type=many(_number(int, 1)), metavar="K", help="relaxed: the target's top-K (3)")
+    group.add_argument(
+        "--direction",
+        type=many(_choice(DIRECTIONS)),
+        help="relaxed: formula (default; the margin widens as confidence falls, the seed's formula) or prose (it "
+        "widens as confidence rises, as the seed's prose reads)",
+    )
+
+
+def _listed(parse: Callable[[str], Any]) -> Callable[[str], list[Any]]:
+    """A parser of comma-separated values, each read by `parse`."""
+
+    def parse_all(text: str) -> list[Any]:
+        return [parse(part.strip()) for part in text.split(",")]
+
+    return parse_all
+
+
+def _choice(choices: tuple[str, ...]) -> Callable[[str], str]:
+    """A parser of one of `choices`."""
+
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(choices)}")
+        return text
+
+    return parse
+
+
+def relaxed_grid(args: argparse.Namespace) -> list[Any]:
+    """The bench's relaxed settings: `--tau-base`, `--gamma` and `--top-beta` in step (a single value serves every
+    setting), each under every `--direction`; none under `--verification exact`."""
+    from .engine.relaxed import RelaxedVerification
+
+    if args.verification == "exact":
+        return []
+    lists = {name: getattr(args, name) for name in RELAXED_FLAGS[:3] if getattr(args, name) is not None}
+    count = max((len(values) for values in lists.values()), default=1)
+    uneven = sorted(name for name, values in lists.items() if len(values) not in (1, count))
+    if uneven:
+        raise SystemExit(f"vlmspec bench: {', '.join(uneven)} must list one value or {count}")
+    directions = args.direction or ["formula"]
+    return [
+        RelaxedVerification(**{name: values[min(i, len(values) - 1)] for name, values in lists.items()}, direction=d)
+        for i in range(count)
+        for d in directions
+    ]
 
 
 def _add_compile_option(parser: argparse.ArgumentParser) -> None:
@@ -527,6 +620,7 @@ def _add_generate_parser(commands: argparse._SubParsersAction) -> None:
     gen.add_argument("--image", action="append", default=[], help="an image path or URL (repeatable)")
     gen.add_argument("--video", action="append", default=[], help="a video path (repeatable)")
     _add_pair_options(gen)
+    _add_verification_options(gen)
     gen.add_argument("--max-new-tokens", type=_number(int, 1), default=128)
     _add_frame_options(gen)
     _add_generation_options(
@@ -544,6 +638,7 @@ def _add_caption_parser(commands: argparse._SubParsersAction) -> None:
     cap.add_argument("--out", required=True, help="the JSON-lines file to write")
     cap.add_argument("--prompt", help="default: 'Describe the image/video in detail.'")
     _add_pair_options(cap)
+    _add_verification_options(cap)
     _add_frame_options(cap)
     cap.add_argument("--max-new-tokens", type=_number(int, 1), default=256)
     cap.add_argument(
@@ -607,6 +702,7 @@ def _add_bench_parser(commands: argparse._SubParsersAction) -> None:
     )
     _add_batch_bench_options(bench)
     _add_compile_option(bench)
+    _add_verification_options(bench, grid=True)
     _add_bench_generation_options(bench)
     bench.set_defaults(run=_bench)
 
@@ -673,6 +769,7 @@ def _add_profile_parser(commands: argparse._SubParsersAction) -> None:
         help="copies of the prompt decoded together, comma-separated for several (default 1)",
     )
     profile.add_argument("--out", help="also write the table as results.md and the counts as results.json here")
+    _add_verification_options(profile)
     profile.set_defaults(run=_profile)
 
 
@@ -682,6 +779,13 @@ def _add_serve_parser(commands: argparse._SubParsersAction) -> None:
         "serve", help="an OpenAI-compatible chat completions server (needs the serving extra: vlmspec[serve])"
     )
     _add_pair_options(srv)
+    _add_verification_options(srv)
+    srv.add_argument(
+        "--allow-lossy",
+        action="store_true",
+        help="accept requests for relaxed verification (a request's `verification`), whose outputs may differ from "
+        "the target's; without it such a request is refused (and so is --verification relaxed)",
+    )
     srv.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
     srv.add_argument("--port", type=_number(int, 0, high=65535), default=8000)
     srv.add_argument("--served-model-name", help="the name clients pass as `model` (default: the model folder's)")
@@ -756,6 +860,15 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--repeats times the batched bench's cells: add --batch-size")
     if args.command == "bench" and args.batch_size is not None and args.do_sample:
         parser.error("--batch-size benches greedy decoding: drop --do-sample")
+    if getattr(args, "verification", "exact") == "exact":
+        given = [name for name in RELAXED_FLAGS if getattr(args, name, None) is not None]
+        if given:
+            flags = ", ".join("--" + name.replace("_", "-") for name in given)
+            parser.error(f"{flags} set relaxed verification: add --verification relaxed")
+    elif args.command == "serve" and not args.allow_lossy:
+        parser.error("--verification relaxed makes outputs differ from the target's own: add --allow-lossy")
+    elif args.command == "serve" and args.speculation == "off":
+        parser.error("--verification relaxed needs speculation: drop --speculation off")
     if args.command == "bench" and not args.do_sample and any(getattr(args, name) is not None for name in SHAPING):
         parser.error("--temperature, --top-k and --top-p only shape sampling, and the bench is greedy: add --do-sample")
     args.run(args)

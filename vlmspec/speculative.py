@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -21,6 +22,7 @@ from .engine.head_runner import HeadRunner
 from .engine.model_runner import ModelRunner
 from .engine.prefill import Prefiller
 from .engine.prefix import Continuation
+from .engine.relaxed import RelaxedVerification, VerificationChoice, refuse_sampling, resolve_verification
 from .engine.rows import RowRequest, RowResult
 from .engine.schedule import Arrivals
 from .engine.sequence import DecodeSettings
@@ -110,6 +112,11 @@ class SpeculativeVLM:
     once per model at first use), turns the pair eager for good with one warning; `"on"` raises instead.
     `"shapes"` runs the compiled path's fixed shapes eager, without compiling (to tell a shape bug from a compiler
     bug).
+
+    `verification` is `"exact"` (default: the target's own output) or, lossy and greedy only, `"relaxed"` or a
+    `RelaxedVerification`: draft tokens within a confidence-modulated margin of the target's top token are accepted
+    too, so the output may differ from the target's (`SpecStats.differing_tokens` counts where; docs/policies.md).
+    A call may pass its own `verification=`.
     """
 
     def __init__(
@@ -123,6 +130,7 @@ class SpeculativeVLM:
         vocab_size: int | None = None,
         processor: Any = None,
         compile: str | bool = "auto",
+        verification: VerificationChoice = "exact",
     ):
         for model in (target, draft):
             if not isinstance(model, Eagle3Head):
@@ -134,6 +142,7 @@ class SpeculativeVLM:
         self.processor = processor
         self.vocab_size = vocab_size
         self.compile = compile
+        self.verification = resolve_verification(verification)
         guard = CompileGuard(compile)
         self._target_runner, self._draft_runner = _runners(target, draft, compile, guard)
         if vocab_size is None and processor is not None and getattr(processor, "tokenizer", None) is not None:
@@ -169,8 +178,10 @@ class SpeculativeVLM:
         policy: PolicyChoice = "auto",
         pruning: str | PruningConfig | None = "verifier",
         prune_ratio: float | None = None,
+        verification: VerificationChoice = "exact",
     ) -> SpeculativeVLM:
-        """The same models and processor with another policy or pruning (nothing is loaded or copied)."""
+        """The same models and processor with another policy, pruning or verification (nothing is loaded or
+        copied)."""
         return SpeculativeVLM(
             self.target,
             self.draft,
@@ -180,6 +191,7 @@ class SpeculativeVLM:
             vocab_size=self.vocab_size,
             processor=self.processor,
             compile=self.compile,
+            verification=verification,
         )
 
     @classmethod
@@ -198,6 +210,7 @@ class SpeculativeVLM:
         draft_quantization: Quantization = None,
         attn_implementation: str | None = None,
         compile: str | bool = "auto",
+        verification: VerificationChoice = "exact",
         **hub_kwargs: Any,
     ) -> SpeculativeVLM:
         """Load a pair (hub ids or directories) and the target's processor; refuse tokenizers that disagree. `draft`
@@ -234,6 +247,7 @@ class SpeculativeVLM:
             vocab_size=len(processor.tokenizer),
             processor=processor,
             compile=compile,
+            verification=verification,
         )
 
     @torch.inference_mode()
@@ -259,6 +273,7 @@ class SpeculativeVLM:
         """
         if input_ids is None:
             input_ids = kwargs.pop("inputs", None)
+        verification = self._verification(kwargs)
         refuse_early(generation_config, kwargs)
         prompt = sort_inputs(self.target, self._target_runner.adapter, input_ids, kwargs)
         # The models may have moved since they were wrapped (`spec.target.cuda()`); inputs follow them, and the
@@ -276,6 +291,7 @@ class SpeculativeVLM:
             {k: v for k, v in target_inputs.items() if k != "input_ids"},
             on_device(generator, device),
         )
+        settings = with_verification(settings, verification)
         _check_rows(output_ids.shape[0], settings, streamer)
         requests = self._requests(target_inputs, output_ids, prompt, settings, streamer)
         results = self._decode_requests(requests)
@@ -356,6 +372,12 @@ class SpeculativeVLM:
         self.last_stats = SpecStats.combined([r.stats for r in results], self._batch.stats)
         return results
 
+    def _verification(self, kwargs: dict[str, Any]) -> RelaxedVerification | None:
+        """The call's own `verification=` (taken out of `kwargs`), else the pair's."""
+        if "verification" not in kwargs:
+            return self.verification
+        return resolve_verification(kwargs.pop("verification"))
+
     def _with_tokenizer(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """`kwargs` with the pair's own tokenizer (its processor's) where none is given, for stop strings."""
         if kwargs.get("tokenizer") is not None or self.processor is None:
@@ -416,6 +438,7 @@ class SpeculativeVLM:
         """One prompt (the processor's output for it) made ready to `decode` as `generate(**inputs, **kwargs)` would
         decode it; raises what `generate` would raise for it. `streamer` follows its tokens, `cancel` (set from any
         thread) frees its row at the next step, and `kv_budget_gb` refuses a prompt that alone would exceed it."""
+        verification = self._verification(kwargs)
         self._target_runner.refresh()
         self._draft_runner.refresh()
         device, draft_device = self._target_runner.device, self._draft_runner.device
@@ -435,6 +458,7 @@ class SpeculativeVLM:
             {k: v for k, v in row.items() if k != "input_ids"},
             on_device(generator, device),
         )
+        settings = with_verification(settings, verification)
         if settings.num_sequences != 1:
             raise ValueError("one prompt decodes one continuation here: pass num_return_sequences=1")
         if kv_budget_gb is not None:
@@ -491,6 +515,14 @@ class SpeculativeVLM:
             f"SpeculativeVLM(target={type(self.target).__name__}, draft={type(self.draft).__name__}, "
             f"policy={self.policy.name}, pruning={None if self.pruning is None else self.pruning.method})"
         )
+
+
+def with_verification(settings: DecodeSettings, verification: RelaxedVerification | None) -> DecodeSettings:
+    """`settings` under `verification` (None: exact); relaxed verification of a sampled config is refused by name."""
+    if verification is None:
+        return settings
+    refuse_sampling(verification, settings.sampler.do_sample)
+    return replace(settings, verification=verification)
 
 
 def _check_rows(prompts: int, settings: DecodeSettings, streamer: Any) -> None:

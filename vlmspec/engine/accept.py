@@ -22,23 +22,26 @@ class Verdict:
 
     `path` (depth + 1,) holds the accepted node at each depth from the root on; entries past `accepted` are 0.
     `accepted` () is how many draft tokens were accepted, `bonus` () the target's token after them. `doubt` (), set
-    by a sampler, says the distribution drawn from may differ from `generate`'s (see `NodeProcessing`).
+    by a sampler, says the distribution drawn from may differ from `generate`'s (see `NodeProcessing`). `differs`
+    (depth + 1,), set by relaxed verification alone, marks the emitted tokens that are not the target's own choice.
     """
 
     path: torch.Tensor
     accepted: torch.Tensor
     bonus: torch.Tensor
     doubt: torch.Tensor | None = None
+    differs: torch.Tensor | None = None
 
     def as_rows(self) -> Verdict:
         """One tree's verdict as a batch of one (views)."""
-        return Verdict(
-            self.path[None], self.accepted[None], self.bonus[None], None if self.doubt is None else self.doubt[None]
-        )
+        return Verdict(*(None if t is None else t[None] for t in self._fields()))
 
     def row(self, b: int) -> Verdict:
         """Row `b`'s verdict of a batch's (views)."""
-        return Verdict(self.path[b], self.accepted[b], self.bonus[b], None if self.doubt is None else self.doubt[b])
+        return Verdict(*(None if t is None else t[b] for t in self._fields()))
+
+    def _fields(self) -> tuple[torch.Tensor | None, ...]:
+        return self.path, self.accepted, self.bonus, self.doubt, self.differs
 
 
 def accept_greedy_rows(trees: Trees, target_choice: torch.Tensor) -> Verdict:

@@ -31,6 +31,7 @@ from .processing import (
     same_processing,
     uniform_processing,
 )
+from .relaxed import RelaxedRows, accept_relaxed_rows
 from .stopping import StringCheck
 from .tree import Tree, Trees
 
@@ -71,12 +72,14 @@ class TargetScoring:
     """How one compiled region (`scored_step`) turns the target's logits into every row's choices, where all rows share
     it: their config's `processing` (None: none; else one whose sequence processors read a sequence as a set of ids,
     `NodeProcessing.batches_rows`), the rows' tokens so far `sequences` (B, T) it reads (None where nothing does),
-    whether the rows `sample`, and whether a sampled top-k's later warpers run on its columns (`compact`)."""
+    whether the rows `sample`, whether a sampled top-k's later warpers run on its columns (`compact`), and the greedy
+    rows' relaxed rules (`relaxed`; None: every row exact)."""
 
     processing: NodeProcessing | None
     sequences: torch.Tensor | None
     sample: bool
     compact: bool
+    relaxed: RelaxedRows | None = None
 
     @staticmethod
     def shared(samplers: Sequence[TargetSampler], sequences: RowSequences, compact: bool) -> TargetScoring | None:
@@ -102,6 +105,7 @@ def accept_trees(
     strings: StringCheck | None = None,
     compact: bool = True,
     capture: GuardedRunner | None = None,
+    relaxed: RelaxedRows | None = None,
 ) -> Acceptance:
     """Accept every row's tree from the target's `logits` (B, N, V) and read all rows' results at once. Greedy rows
     take the target's choices, sampling rows recursive rejection (rows of both rules in one batch are accepted both
@@ -111,24 +115,27 @@ def accept_trees(
     any). One sequence is a batch of one. With `capture` (the target's runner), rows that share their rule and
     processing (`TargetScoring`) and have no stop strings are accepted in one compiled region where the pair runs
     compiled (`scored_step`), the policy's `statistics` taken in it, the random numbers drawn before it; eager, the
-    same function serves greedy rows without processing."""
+    same function serves greedy rows without processing. `relaxed` holds the rows' relaxed rules (None: every row
+    exact; `accept_relaxed_rows`)."""
     # A tree of its root alone (a plain step) warps its rows whole, as `generate` does: nothing to compact or doubt.
     compact = compact and trees.size > 1
     scoring = None if strings is not None or capture is None else TargetScoring.shared(samplers, sequences, compact)
     if scoring is not None and not capture.captures and (scoring.sample or scoring.processing is not None):
         scoring = None  # eager, the rules' own path is leaner (a plain step packs one token from a template)
     if scoring is not None:
+        scoring.relaxed = relaxed
         made = (drafted, trees, logits, samplers, eos_token_ids, rooms, statistics, with_tree)
         trees, verdict, tokens, packed = _accept_scored(capture, scoring, *made)
     else:
         if isinstance(statistics, StepStatistics):
             statistics = statistics.values()
-        verdict = _verdict(trees, logits, samplers, sequences, drafted.sizes, compact)
+        verdict = _verdict(trees, logits, samplers, sequences, drafted.sizes, compact, relaxed)
         tokens = emitted_rows(trees, verdict)
         stops = None if strings is None else strings.hits(tokens)
         step = (trees, verdict, tokens, eos_token_ids, rooms, drafted.greedy_depth, statistics, with_tree, stops)
         packed = pack_rows(*step)
-    accepted = Acceptance(verdict, tokens, read_rows(packed, trees, tokens, with_tree, drafted.sizes))
+    reports = read_rows(packed, trees, tokens, with_tree, drafted.sizes, verdict.differs is not None)
+    accepted = Acceptance(verdict, tokens, reports)
     for b, report in enumerate(accepted.reports):
         if report.doubt:
             again = accept_trees(
@@ -199,14 +206,16 @@ def _verdict(
     sequences: RowSequences,
     sizes: list[int],
     compact: bool,
+    relaxed: RelaxedRows | None = None,
 ) -> Verdict:
-    """Every row's verdict on its tree, eager: greedy rows take the target's choices under their processing, sampling
-    rows recursive rejection (a batch of both is accepted both ways, each row keeping its own)."""
+    """Every row's verdict on its tree, eager: greedy rows take the target's choices under their processing (or their
+    `relaxed` rules), sampling rows recursive rejection (a batch of both is accepted both ways, each row keeping its
+    own)."""
     rules = [s.do_sample for s in samplers]
     processings = [s.processing for s in samplers]
     plain = uniform_processing(processings)
     scores = _target_scores(logits, trees, processings, plain, sequences)
-    greedy = None if all(rules) else accept_greedy_rows(trees, scores.argmax(-1))
+    greedy = None if all(rules) else _greedy_verdict(trees, scores, relaxed)
     if not any(rules):
         return greedy
     probs, doubt = _target_distribution(scores, processings, plain, sequences, compact)
@@ -248,9 +257,17 @@ def scored_step(
         verdict = sampled_verdict(trees, probs, noise)
         verdict.doubt = doubt
     else:
-        verdict = accept_greedy_rows(trees, scores.argmax(-1))
+        verdict = _greedy_verdict(trees, scores, scoring.relaxed)
     tokens = emitted_rows(trees, verdict)
     return verdict, tokens, pack_rows(trees, verdict, tokens, eos_token_ids, rooms, greedy_depth, statistics, with_tree)
+
+
+def _greedy_verdict(trees: Trees, scores: torch.Tensor, relaxed: RelaxedRows | None) -> Verdict:
+    """Greedy rows' verdict from the target's processed `scores` (B, N, V): the target's choices, or where some row
+    verifies relaxed, every row under its own rule (`accept_relaxed_rows`)."""
+    if relaxed is None:
+        return accept_greedy_rows(trees, scores.argmax(-1))
+    return accept_relaxed_rows(trees, scores, relaxed)
 
 
 #: `scored_step` as one compiled region while the pair runs compiled.
@@ -310,6 +327,8 @@ def _replace_row(accepted: Acceptance, b: int, again: Acceptance) -> None:
     verdict.path[b, :depth] = again.verdict.path[0]
     verdict.accepted[b] = again.verdict.accepted[0]
     verdict.bonus[b] = again.verdict.bonus[0]
+    if verdict.differs is not None:  # a sampled row, which is never relaxed
+        verdict.differs[b] = False
     accepted.tokens[b, :depth] = again.tokens[0]
     # The policy's statistics read the draft's root alone, whatever the verdict: the row keeps its first report's.
     accepted.reports[b] = replace(again.reports[0], statistics=accepted.reports[b].statistics)
@@ -324,11 +343,13 @@ def _by_rule(sampling: torch.Tensor, sampled: Verdict, greedy: Verdict) -> Verdi
     """Each row's verdict under its own rule: `sampled`'s where `sampling` (B,) says the row samples, else
     `greedy`'s."""
     doubt = None if sampled.doubt is None else sampled.doubt & sampling
+    differs = None if greedy.differs is None else greedy.differs & ~sampling[:, None]
     return Verdict(
         torch.where(sampling[:, None], sampled.path, greedy.path),
         torch.where(sampling, sampled.accepted, greedy.accepted),
         torch.where(sampling, sampled.bonus, greedy.bonus),
         doubt,
+        differs,
     )
 
 
@@ -339,7 +360,8 @@ class StepReport:
     `count` tokens of `tokens` are emitted (the accepted draft tokens, then the bonus token, cut after the first
     EOS and at the budget); `finished` says decoding stops; `doubt` that the verdict must be drawn again. `path`
     holds the accepted nodes from the root on. `statistics` are the policy's values; `tree_parents` and
-    `tree_log_probs` the tree's, when asked for.
+    `tree_log_probs` the tree's, when asked for. `differing` counts the emitted tokens that are not the target's own
+    choice (relaxed verification alone makes any).
     """
 
     accepted: int
@@ -352,6 +374,7 @@ class StepReport:
     statistics: list[float]
     tree_parents: list[int] | None = None
     tree_log_probs: list[float] | None = None
+    differing: int = 0
 
 
 def emitted_rows(trees: Trees, verdict: Verdict) -> torch.Tensor:
@@ -366,23 +389,31 @@ def emitted_rows(trees: Trees, verdict: Verdict) -> torch.Tensor:
 
 @dataclass
 class PackedStep:
-    """A step's results on the device as one float64 vector, and the sizes that cut it back into a `StepReport`."""
+    """A step's results on the device as one float64 vector, and the sizes that cut it back into a `StepReport`
+    (`differing`: whether its last value counts the emitted tokens that differ from the target's choice)."""
 
     values: torch.Tensor
     nodes: int
     depth: int
     statistics: int
     with_tree: bool
+    differing: bool = False
 
 
 def read_rows(
-    packed: torch.Tensor, trees: Trees, tokens: torch.Tensor, with_tree: bool, sizes: list[int] | None = None
+    packed: torch.Tensor,
+    trees: Trees,
+    tokens: torch.Tensor,
+    with_tree: bool,
+    sizes: list[int] | None = None,
+    differing: bool = False,
 ) -> list[StepReport]:
     """Read a step's packed rows (`pack_rows`) once and cut each into its `StepReport`; `sizes` are the rows' own
-    node counts when their trees are padded (all `trees.size` by default)."""
+    node counts when their trees are padded (all `trees.size` by default); `differing` says the verdict marked the
+    tokens that differ from the target's choice (relaxed verification), counted in the rows' last value."""
     values = packed.tolist()
-    width = packed_width(trees, tokens, with_tree)
-    layout = PackedStep(packed[0], trees.size, tokens.shape[1], packed.shape[1] - width, with_tree)
+    width = packed_width(trees, tokens, with_tree) + differing
+    layout = PackedStep(packed[0], trees.size, tokens.shape[1], packed.shape[1] - width, with_tree, differing)
     return [unpack_step(row, layout, None if sizes is None else sizes[b]) for b, row in enumerate(values)]
 
 
@@ -433,6 +464,8 @@ def pack_rows(
     parts = [] if statistics is None else [statistics.to(device)]
     if with_tree:
         parts += [trees.row_parents(), trees.log_probs]
+    if verdict.differs is not None:  # relaxed verification: the emitted tokens that are not the target's choice
+        parts.append((verdict.differs & (positions[None] < count.clamp_max(room)[:, None])).sum(1, keepdim=True))
     return torch.cat([whole] + [p.to(torch.float64) for p in parts], dim=1) if parts else whole
 
 
@@ -494,4 +527,5 @@ def unpack_step(values: list[float], packed: PackedStep, nodes: int | None = Non
         statistics=values[:stats],
         tree_parents=[int(i) for i in values[stats : stats + own]] if packed.with_tree else None,
         tree_log_probs=values[stats + n : stats + n + own] if packed.with_tree else None,
+        differing=int(values[-1]) if packed.differing else 0,
     )

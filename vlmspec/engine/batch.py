@@ -21,7 +21,7 @@ import torch
 
 from ..device_tensors import host_values
 from ..errors import RequestCancelled
-from ..policies import BatchShape, StepOutcome, TreePlan, TreePolicy
+from ..policies import BatchShape, NodeMeasure, StepOutcome, TreePlan, TreePolicy
 from .acceptance import Acceptance, StepReport, StepStatistics, accept_trees
 from .commit import plan_commit
 from .compiled import row_bucket
@@ -30,6 +30,7 @@ from .grow import GrowthInputs, draft_own_trees, draft_rows
 from .model_runner import ModelRunner
 from .prefill import Prefiller, continuation_of
 from .processing import NodeProcessing, RowSequences, TargetSampler, common_processing, uniform_processing
+from .relaxed import CONFIDENCE_MEASURE, RelaxedRows
 from .rows import Row, RowRequest, RowResult, RowsInFlight
 from .schedule import Admission, Arrivals
 from .stats import PhaseTimer, SpecStats, StepRecord
@@ -332,7 +333,9 @@ class BatchDecoder:
         sequences, draft_sequences, kept = self._row_sequences(state, processings, samplers, target.device)
         draft_starts, target_starts = list(draft.lengths), list(target.lengths)
         with timer("drafting"):
+            confidence = _verification_measure(rows)
             inputs = self._growth_inputs(draft, pending, depths, processings, draft_sequences, state.features)
+            inputs.confidence = confidence
             if shared:
                 shape = rank_tree_shape(plans[0].paths, draft.device)
                 drafted = draft_rows(inputs, shape, plans[0].top_k, plans[0].node_measure)
@@ -385,6 +388,7 @@ class BatchDecoder:
             False if plain else policy.reads_tree,
             state.strings,
             capture=self.prefiller.target,
+            relaxed=RelaxedRows.of([row.settings.verification for row in rows], logits.device),
         )
 
     def _observe_plain(
@@ -534,6 +538,11 @@ class BatchDecoder:
         return plan.pending, plan.pending_counts, features.gather(1, index).to(draft.device)
 
 
+def _verification_measure(rows: list[Row]) -> NodeMeasure | None:
+    """What the growth measures for the rows' verification: the draft's confidence where a row verifies relaxed."""
+    return CONFIDENCE_MEASURE if any(row.settings.verification is not None for row in rows) else None
+
+
 def _shared_paths(plans: list[TreePlan]) -> bool:
     """Whether every plan is the same tree of rank paths (so the rows' trees share one structure)."""
     first = plans[0].paths
@@ -593,5 +602,6 @@ def observe_step(
             predicted_tokens=lesson.predicted_tokens,
             predicted_seconds=lesson.predicted_seconds,
             plain=plain,
+            differing=report.differing,
         )
     )

@@ -15,6 +15,7 @@ import torch
 
 from ..device_tensors import arange, filled, host_values
 from ..policies import LevelRules, NodeMeasure, TreePlan
+from ..policies.levels import joined_measure, split_measured
 from .draft import DraftScoring, GrownTrees, proposal_log_probs, sequence_proposal_log_probs
 from .level_step import MASKED_LEVEL, ROOT_SLOTS, SCORED_MASKED_LEVEL, Choice, Place, Slots, choose, write
 from .model_runner import ModelRunner
@@ -31,7 +32,8 @@ class GrowthInputs:
     (`max_depths`, its budget); the ids the draft may propose (`vocab_limit`) and embed (`input_limit`); and each row's
     config processing of the draft's logits (None: none) and tokens so far (read only where a row processes its
     logits); a head's `features` of the tokens before the pending ones (B, P, F), from the target (None: a model
-    drafts)."""
+    drafts); `confidence`, where a row verifies relaxed, the measure of each expanded node's confidence its
+    verification reads (`Trees.confidence`; None: none)."""
 
     draft: ModelRunner
     pending: torch.Tensor
@@ -42,6 +44,7 @@ class GrowthInputs:
     processings: Sequence[NodeProcessing | None]
     sequences: RowSequences
     features: torch.Tensor | None = None
+    confidence: NodeMeasure | None = None
     plain: bool = field(init=False)
     scoring: DraftScoring | None = field(init=False)
 
@@ -88,7 +91,8 @@ def draft_rows(inputs: GrowthInputs, shape: TreeShape, top_k: int, measure: Node
     """Grow every row's tree of `shape` with one draft forward per level over all rows, row b at most
     `inputs.max_depths[b]` levels (the others' deeper nodes invalid); `measure` (None: nothing) what the rows' policy
     measures of each expanded node."""
-    rows = inputs.pending.shape[0]
+    rows, policy_measure = inputs.pending.shape[0], measure
+    measure = joined_measure(policy_measure, inputs.confidence)
     depth = min(shape.depth, max(inputs.max_depths))
     n = shape.level_ends[depth]
     logits, last, start, fed_tokens = _root_forward(inputs)
@@ -117,7 +121,8 @@ def draft_rows(inputs: GrowthInputs, shape: TreeShape, top_k: int, measure: Node
             frontier = inputs.log_probs(logits, tokens[:, : new.stop], ancestors, level)
         cached_depth = level
     trees, greedy_depth, row_depths = _shape_trees(shape, tokens, log_probs, depth, inputs.max_depths)
-    trees.node_statistics = None if measured is None else measured[1]
+    measures = (policy_measure, inputs.confidence)
+    trees.node_statistics, trees.confidence = split_measured(None if measured is None else measured[1], *measures)
     sizes = [shape.level_ends[d] for d in row_depths]
     cached = [cached_depth] * rows
     return GrownTrees(trees, root_log_probs[:, 0], cached, greedy_depth, sizes, row_depths, forwards, fed_tokens)
@@ -180,6 +185,7 @@ def draft_own_trees(inputs: GrowthInputs, plans: Sequence[TreePlan]) -> GrownTre
     logits, last, start, fed_tokens = _root_forward(inputs)
     capacity = 1 + levels * max(plan.max_nodes for plan in plans)
     rules = LevelRules.of(plans, row_depths, device)
+    policy_measure, rules.measure = rules.measure, joined_measure(rules.measure, inputs.confidence)
     measured = 0 if rules.measure is None else rules.measure.width
     root = (logits, inputs.pending, last, start, rules.reach, capacity, inputs.scoring, measured)
     *scores, root_position, slots = ROOT_SLOTS(inputs.draft, *root)
@@ -207,7 +213,8 @@ def draft_own_trees(inputs: GrowthInputs, plans: Sequence[TreePlan]) -> GrownTre
             tokens, ancestors = slots.tokens[:, : growth.size], slots.ancestors[:, new, : growth.size]
             frontier = inputs.log_probs(logits, tokens, ancestors, level)
         cached_depth = level
-    return _own_trees(inputs, growth, rules.top_k, root_log_probs, cached_depth, forwards, fed_tokens)
+    made = (rules.top_k, policy_measure, root_log_probs, cached_depth, forwards, fed_tokens)
+    return _own_trees(inputs, growth, *made)
 
 
 @dataclass
@@ -305,18 +312,22 @@ def _own_trees(
     inputs: GrowthInputs,
     growth: _Growth,
     top_k: int,
+    policy_measure: NodeMeasure | None,
     root_log_probs: torch.Tensor,
     cached_depth: int,
     forwards: int,
     fed_tokens: int,
 ) -> GrownTrees:
     """The final gather of the trees: every row's real slots of the grown levels, read once, as its own tree
-    (`slot_trees`); `root_log_probs` (B, 1, V), the levels the draft cache holds, the draft forwards and tokens fed."""
+    (`slot_trees`), its measured values parted between the policy's measure and the verification's (`split_measured`);
+    `root_log_probs` (B, 1, V), the levels the draft cache holds, the draft forwards and tokens fed."""
     slots = growth.slots
     # The step's one read for the trees: every row's real slots.
     flags = slots.dropped[:, : growth.size].tolist()
     real = [[slot for slot, drop in enumerate(row) if not drop] for row in flags]
     trees, visible, greedy_depth, tree_depths = slot_trees(inputs.draft, slots, top_k, real, growth.level_ends)
+    measures = (policy_measure, inputs.confidence)
+    trees.node_statistics, trees.confidence = split_measured(trees.node_statistics, *measures)
     sizes = [len(slots) for slots in real]
     cached = [cached_depth] * len(real)
     grown = GrownTrees(

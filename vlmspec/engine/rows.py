@@ -81,7 +81,8 @@ class Row:
         self.settings = request.settings
         self.sink = TokenSink(request.prompt, request.settings, request.streamer if streaming else None)
         self.policy = policy
-        self.stats = SpecStats()
+        verification = request.settings.verification
+        self.stats = SpecStats(verification="exact" if verification is None else verification.label)
         self.started = time.perf_counter()
         self.pending: torch.Tensor | None = None
         self.missed: list[int] = []

@@ -10,6 +10,7 @@ import torch
 from ..device_tensors import host_values
 from .acceptance import StepReport
 from .processing import NodeProcessing, TargetSampler
+from .relaxed import RelaxedVerification
 from .stopping import Stopping, first_stop
 
 
@@ -23,6 +24,8 @@ class DecodeSettings:
     `stopping` holds the criteria besides EOS and the budget; `output_scores`/`output_logits` keep, for each emitted
     token, the target's processed scores and raw logits at the position that chose it, as `generate` returns them
     (with `return_dict_in_generate`), and `return_cache` what the models hold of it at its end, to go on from.
+    `verification` is None for the target's own output, or the relaxed rule its tokens are accepted by (lossy,
+    greedy only: `RelaxedVerification`).
     """
 
     max_new_tokens: int
@@ -36,6 +39,7 @@ class DecodeSettings:
     output_logits: bool = False
     return_dict_in_generate: bool = False
     return_cache: bool = False
+    verification: RelaxedVerification | None = None
 
     @property
     def records(self) -> bool:

@@ -29,7 +29,8 @@ class StepRecord:
     the draft's own top-1 path went in it. `seconds` is the step's drafting + verification time; a policy with a
     cost model also records what it predicted: tokens emitted (accepted + 1) and those seconds. `plain` says why the
     sequence drafted nothing in this step (the target's next token alone, as `generate` decodes), None where it
-    drafted.
+    drafted. `differing` counts its emitted tokens that are not the target's own choice (relaxed verification alone
+    makes any).
     """
 
     alpha: float | None
@@ -43,12 +44,17 @@ class StepRecord:
     predicted_tokens: float | None = None
     predicted_seconds: float | None = None
     plain: str | None = None
+    differing: int = 0
 
 
 @dataclass
 class SpecStats:
     """Statistics of the last call; `mean_accept_length` is tau: accepted draft tokens per drafting step, bonus
-    excluded (steps that drafted nothing are counted in `plain_steps`, and why in `plain_reasons`)."""
+    excluded (steps that drafted nothing are counted in `plain_steps`, and why in `plain_reasons`).
+
+    `verification` says how the tokens were accepted: `"exact"` (the target's own output) or a relaxed rule's label
+    (`RelaxedVerification.label`, starting `"relaxed"`), whose output may differ from the target's in
+    `differing_tokens` tokens."""
 
     new_tokens: int = 0
     iterations: int = 0
@@ -57,6 +63,13 @@ class SpecStats:
     draft_prefill_tokens: int = 0
     phase_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     steps: list[StepRecord] = field(default_factory=list)
+    verification: str = "exact"
+
+    @property
+    def differing_tokens(self) -> int:
+        """Emitted tokens that are not the target's own choice after what precedes them (0 under exact
+        verification)."""
+        return sum(s.differing for s in self.steps)
 
     @property
     def total_seconds(self) -> float:
@@ -80,7 +93,8 @@ class SpecStats:
     def combined(cls, rows: list[SpecStats], batch: SpecStats) -> SpecStats:
         """One call's statistics over sequences decoded together: each row's tokens, steps and prompt phases, and the
         batch's shared phases (drafting, verification, ...) once."""
-        total = cls()
+        labels = [row.verification for row in rows if row.verification != "exact"]
+        total = cls(verification=labels[0] if labels else "exact")
         for row in rows:
             total.new_tokens += row.new_tokens
             total.target_prefill_tokens += row.target_prefill_tokens

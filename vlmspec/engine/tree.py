@@ -91,7 +91,8 @@ class Trees:
     has no ancestors. They differ in `tokens` and cumulative draft `log_probs` (B, N). `valid` (B, N), when given,
     marks the nodes a row may accept (a row near its token budget drafts the same levels as the others, its deeper
     nodes invalid; padding is invalid). `depth` is the deepest node's depth. `node_statistics` (B, N, s), where the
-    rows' plans measure their nodes (`NodeMeasure`), holds each node's values (NaN for a node never expanded).
+    rows' plans measure their nodes (`NodeMeasure`), holds each node's values (NaN for a node never expanded);
+    `confidence` (B, N), where a row verifies relaxed, the draft's mixed confidence at each node (NaN alike).
     """
 
     tokens: torch.Tensor
@@ -102,6 +103,7 @@ class Trees:
     depth: int
     valid: torch.Tensor | None = None
     node_statistics: torch.Tensor | None = None
+    confidence: torch.Tensor | None = None
 
     @property
     def size(self) -> int:
@@ -126,10 +128,10 @@ class Trees:
         """The same trees on `device` (the target may sit on another device than the draft)."""
         if self.tokens.device == device:
             return self
-        valid = None if self.valid is None else self.valid.to(device)
-        measured = None if self.node_statistics is None else self.node_statistics.to(device)
+        optional = (self.valid, self.node_statistics, self.confidence)
+        valid, measured, confidence = (None if t is None else t.to(device) for t in optional)
         tensors = (self.tokens, self.log_probs, self.parents, self.depths, self.ancestors)
-        return Trees(*(t.to(device) for t in tensors), self.depth, valid, measured)
+        return Trees(*(t.to(device) for t in tensors), self.depth, valid, measured, confidence)
 
     def row(self, b: int, nodes: int | None = None, depth: int | None = None) -> Tree:
         """Row `b`'s tree (views, no copy): all its nodes, invalid ones included, or its first `nodes` (the levels up

@@ -9,14 +9,17 @@ new tokens up to its EOS. Exact match is per item: its ids against plain `genera
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 from tqdm import tqdm
 
+from ..engine.relaxed import RelaxedVerification
+from ..engine.stats import SpecStats
 from ..speculative import SpeculativeVLM
-from .bench import _SPEC_METHODS, machine_description, suite_inputs, suite_prompts
+from .bench import _SPEC_METHODS, machine_description, suite_inputs, suite_items, suite_prompts
+from .quality import check_quality_packages, output_quality, quality_lines, relaxed_method
 from .vllm_peer import run_vllm_peer, why_not
 
 #: `auto` is the default policy (what a user gets with no policy given).
@@ -43,6 +46,7 @@ def run_batch_bench(
     progress: bool = True,
     vllm_python: str | None = None,
     model: str | None = None,
+    verifications: Sequence[RelaxedVerification] = (),
 ) -> dict[str, Any]:
     """Tokens per second of plain batched `generate` and of each method at every batch size (greedy decoding).
 
@@ -54,24 +58,38 @@ def run_batch_bench(
 
     With `vllm_python` (a Python that has vLLM) and `model` (the target's directory), vLLM decodes the same image
     items at every batch size too, as a peer (`peers["vllm"]`); otherwise the peer is recorded as skipped, and why.
+
+    With `verifications` (relaxed rules, lossy) every method also runs under each, in the same turns, and the results
+    hold every row's quality at every batch size (`quality`, from each cell's first run) against plain `generate`'s.
     """
     _check_batch_request(methods, repeats)
+    if verifications:
+        check_quality_packages()
     inputs = suite_inputs(spec.processor, suite, n)
     eos = spec.target.generation_config.eos_token_id
     eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
     generation = dict(do_sample=False, max_new_tokens=max_new_tokens)
     runners = {m: spec.with_options(*_SPEC_METHODS[m]) for m in methods}
+    runners |= {
+        relaxed_method(m, v): spec.with_options(*_SPEC_METHODS[m], verification=v)
+        for m in methods
+        for v in verifications
+    }
     bar = tqdm(
         total=len(batch_sizes) * (1 + len(methods)) * repeats + 1, desc=f"batched bench {suite}", disable=not progress
     )
     _warm_up(spec, runners, inputs, max(batch_sizes), generation)
     bar.update()
     references: list[torch.Tensor] = []
-    table: dict[str, dict[int, dict[str, float]]] = {"generate": {}, **{m: {} for m in methods}}
+    table: dict[str, dict[int, dict[str, float]]] = {"generate": {}, **{m: {} for m in runners}}
+    quality: dict[int, dict[str, dict[str, Any]]] = {}
     for size in batch_sizes:
-        runs = _time_batch_size(spec, runners, inputs, size, repeats, generation, eos_ids, references, bar)
+        made = (spec, runners, inputs, size, repeats, generation, eos_ids, references, bar)
+        runs, outputs = _time_batch_size(*made)
         for name, cells in runs.items():
             table[name][size] = _median_cell(cells)
+        if verifications:
+            quality[size] = _quality(spec, suite, n, outputs, table, size)
     bar.close()
     peer = _vllm_peer(
         spec.processor, suite, n, inputs, batch_sizes, max_new_tokens, vllm_python, model, references, eos_ids
@@ -87,8 +105,29 @@ def run_batch_bench(
         "device": str(device),
         "compiled": spec.compiled,
         "table": table,
+        "quality": quality,
         "peers": {"vllm": peer},
     }
+
+
+def _quality(
+    spec: SpeculativeVLM,
+    suite: str,
+    n: int,
+    outputs: dict[str, list[torch.Tensor]],
+    table: dict[str, dict[int, dict[str, Any]]],
+    size: int,
+) -> dict[str, dict[str, Any]]:
+    """Every row's `output_quality` at batch size `size` (its first run's `outputs`), against plain `generate`'s."""
+    items = suite_items(suite, n)
+    decode = spec.processor.tokenizer.batch_decode
+    references = decode(outputs["generate"], skip_special_tokens=True)
+    made = {}
+    for name, rows in outputs.items():
+        cell = table[name][size]
+        texts = decode(rows, skip_special_tokens=True)
+        made[name] = output_quality(items, texts, references, cell.get("differing_tokens", 0), cell["new_tokens"])
+    return made
 
 
 def _check_batch_request(methods: list[str], repeats: int) -> None:
@@ -142,11 +181,13 @@ def _time_batch_size(
     eos_ids: set[int],
     references: list[torch.Tensor],
     bar: tqdm,
-) -> dict[str, list[dict[str, float]]]:
+) -> tuple[dict[str, list[dict[str, float]]], dict[str, list[torch.Tensor]]]:
     """Every timed run at batch size `size`, by method: `repeats` turns of plain `generate` then each method, every
-    run's rows checked against `references` (filled by the bench's first run of plain `generate`)."""
+    run's rows checked against `references` (filled by the bench's first run of plain `generate`); and each one's
+    rows of its first run."""
     device = spec.target.device
     runs: dict[str, list[dict[str, float]]] = {"generate": [], **{m: [] for m in runners}}
+    firsts: dict[str, list[torch.Tensor]] = {}
     if spec.compiled:
         for runner in runners.values():
             list(runner.stream(_on_device(inputs, device), batch_size=size, **generation))
@@ -156,6 +197,7 @@ def _time_batch_size(
         if not references:
             references.extend(rows)
         runs["generate"].append(_cell(rows, references, seconds))
+        firsts.setdefault("generate", rows)
         bar.update()
         # Each turn starts the methods from the next one, so no method always runs right after plain `generate`.
         shift = turn % max(len(runners), 1)
@@ -166,9 +208,10 @@ def _time_batch_size(
             results = sorted(runners[method].stream(items, batch_size=size, **generation), key=lambda r: r.key)
             seconds = time.perf_counter() - start
             rows = [r.sequence[0, inputs[r.key]["input_ids"].shape[1] :] for r in results]
-            runs[method].append(_cell(rows, references, seconds))
+            runs[method].append(_cell(rows, references, seconds, [r.stats for r in results]))
+            firsts.setdefault(method, rows)
             bar.update()
-    return runs
+    return runs, firsts
 
 
 def _vllm_peer(
@@ -208,10 +251,21 @@ def generate_batches(target, adapter, inputs, size, pad, device, generation) -> 
     return outputs
 
 
-def _cell(rows: list[torch.Tensor], references: list[torch.Tensor], seconds: float) -> dict[str, float]:
+def _cell(
+    rows: list[torch.Tensor], references: list[torch.Tensor], seconds: float, stats: list[SpecStats] | None = None
+) -> dict[str, Any]:
+    """One run's cell: tokens per second, exact match against `references`; with the rows' `stats` (a vlmspec
+    method's), tau over all their drafting steps and the emitted tokens that are not the target's choice."""
     tokens = sum(r.shape[0] for r in rows)
     exact = sum(torch.equal(r.cpu(), ref.cpu()) for r, ref in zip(rows, references, strict=True)) / len(rows)
-    return {"tokens_per_s": tokens / seconds, "seconds": seconds, "new_tokens": tokens, "exact_match": exact}
+    cell: dict[str, Any] = {"tokens_per_s": tokens / seconds, "seconds": seconds, "new_tokens": tokens}
+    cell["exact_match"] = exact
+    if stats:
+        drafted = [step.accepted for s in stats for step in s.steps if step.plain is None]
+        cell["tau"] = sum(drafted) / max(1, len(drafted))
+        cell["differing_tokens"] = sum(s.differing_tokens for s in stats)
+        cell["verification"] = next((s.verification for s in stats if s.verification != "exact"), "exact")
+    return cell
 
 
 def _peer_cell(run: dict[str, Any], references: list[torch.Tensor], eos_ids: set[int]) -> dict[str, Any]:
@@ -260,23 +314,26 @@ def markdown_batch_report(results: dict[str, Any], command: str) -> str:
         for b in sizes:
             cell = cells[b]
             ratio = "" if method == "generate" else f" ({cell['tokens_per_s'] / plain[b]['tokens_per_s']:.2f}x)"
-            row.append(f"{cell['tokens_per_s']:.0f}{ratio}{_exact_note(cell['exact_match'])}")
+            tau = f", tau {cell['tau']:.2f}" if results.get("quality") and "tau" in cell else ""
+            row.append(f"{cell['tokens_per_s']:.0f}{ratio}{tau}{_exact_note(cell)}")
         lines.append(f"| {method} | " + " | ".join(row) + " |")
     peer = results.get("peers", {}).get("vllm", {"skipped": "not run"})
     if "skipped" not in peer:
         cells = [peer[b] for b in sizes]
         row = [
-            cell["error"] if "error" in cell else f"{cell['tokens_per_s']:.0f}" + _exact_note(cell["exact_match"])
-            for cell in cells
+            cell["error"] if "error" in cell else f"{cell['tokens_per_s']:.0f}" + _exact_note(cell) for cell in cells
         ]
         lines.append("| vLLM (peer) | " + " | ".join(row) + " |")
     best_plain = max(c["tokens_per_s"] for c in plain.values())
-    best = max(c["tokens_per_s"] for m, cells in table.items() if m != "generate" for c in cells.values())
+    exact = [c for m, cells in table.items() if m != "generate" for c in cells.values() if "relaxed" not in m]
+    best = max(c["tokens_per_s"] for c in exact)
     lines += [
         "",
         f"Best vlmspec {best:.0f} tok/s against best plain `generate` {best_plain:.0f} tok/s: "
         f"{best / best_plain:.2f}x.",
     ]
+    for size, quality in results.get("quality", {}).items():
+        lines += [f"At B={size}:", *quality_lines(quality)[1:], ""]
     if "skipped" in peer:
         lines.append(f"vLLM peer: skipped ({peer['skipped']}).")
     else:
@@ -290,5 +347,8 @@ def markdown_batch_report(results: dict[str, Any], command: str) -> str:
     return "\n".join(lines + [""])
 
 
-def _exact_note(exact: float) -> str:
-    return "" if exact == 1.0 else f", exact {exact:.2f}"
+def _exact_note(cell: dict[str, Any]) -> str:
+    """A cell's exact match where it is not whole; for a relaxed method, "relaxed" and its tokens that differ."""
+    if cell.get("verification", "exact") != "exact":
+        return f", relaxed: exact {cell['exact_match']:.2f}, {cell['differing_tokens']} tokens differ"
+    return "" if cell["exact_match"] == 1.0 else f", exact {cell['exact_match']:.2f}"

@@ -24,6 +24,7 @@ import json
 import math
 import platform
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -33,9 +34,11 @@ import torch
 from tqdm import tqdm
 from transformers import CompileConfig, PreTrainedModel
 
+from ..engine.relaxed import RelaxedVerification, refuse_sampling
 from ..engine.stats import PHASES
 from ..processors import QwenVideoPacker, VisualInputs, chat_messages
 from ..speculative import SpeculativeVLM
+from .quality import check_quality_packages, output_quality, quality_lines, relaxed_method
 from .synthetic import VIDEO_FPS, Item, items, make_item
 
 SUITES = ("image", "video", "long-video")
@@ -82,6 +85,9 @@ class MethodRun:
     phase_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     steps: list[list[dict[str, Any]]] = field(default_factory=list)
     prefill_tokens: list[tuple[int, int]] = field(default_factory=list)
+    outputs: list[torch.Tensor] = field(default_factory=list)
+    differing: int = 0
+    verification: str = "exact"
 
     def summary(self, ar_tokens_per_s: float) -> dict[str, Any]:
         tokens_per_s = self.new_tokens / self.seconds if self.seconds else 0.0
@@ -104,6 +110,8 @@ class MethodRun:
             "steps": len(steps) if self.steps else None,
             "plain_steps": sum(reasons.values()),
             "plain_reasons": reasons,
+            "verification": self.verification,
+            "differing_tokens": self.differing,
         }
 
 
@@ -209,33 +217,44 @@ def run_bench(
     max_new_tokens: int,
     progress: bool = True,
     generation: dict[str, Any] | None = None,
+    verifications: Sequence[RelaxedVerification] = (),
 ) -> dict[str, Any]:
     """Run every method on the same `n` items; returns the results (also the plots' data).
 
     `generation` holds settings for every method's generate (e.g. `repetition_penalty`, or `do_sample=True` with
-    `temperature`, `top_k`, `top_p`); decoding is greedy unless it sets `do_sample`.
+    `temperature`, `top_k`, `top_p`); decoding is greedy unless it sets `do_sample`. With `verifications` (relaxed
+    rules, lossy, greedy only) every vlmspec method also runs under each, in the same turns, and the results hold
+    every method's quality (`quality.output_quality`) beside its speed.
     """
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise ValueError(f"unknown methods {unknown}; choose from {', '.join(METHODS)}")
-    methods = ["ar"] + [m for m in methods if m != "ar"]
     generation = dict(generation or {})
     sampling = bool(generation.get("do_sample"))
+    if verifications:
+        check_quality_packages()
+        refuse_sampling(verifications[0], sampling)
+    methods = ["ar"] + [m for m in methods if m != "ar"]
+    variants = {m: (m, None) for m in methods}
+    variants |= {relaxed_method(m, v): (m, v) for m in methods if m in _SPEC_METHODS for v in verifications}
+    methods = list(variants)
     target = spec.target
     device = target.get_input_embeddings().weight.device
     inputs = [{k: v.to(device) for k, v in item.items()} for item in suite_inputs(spec.processor, suite, n)]
     runs = {m: MethodRun() for m in methods}
-    runners = {m: _Runner(spec, m, generation) for m in methods}
+    runners = {m: _Runner(spec, *variants[m], generation) for m in methods}
     longest = max(inputs, key=lambda item: item["input_ids"].shape[1])
     warm_up = {"compile": spec.warm_up(max_new_tokens, **longest)} if spec.compiled else {}
     bar = tqdm(total=len(methods) * (len(inputs) + 1), desc=f"bench {suite}", disable=not progress)
     warm_up.update(_first_calls(methods, runners, inputs[0], max_new_tokens, bar))
     # Every method starts the timed items afresh (policies learn across calls; compiled graphs are kept).
-    runners = {m: _Runner(spec, m, generation) for m in methods}
+    runners = {m: _Runner(spec, *variants[m], generation) for m in methods}
     entropies = _time_items(runners, runs, inputs, max_new_tokens, sampling, target, device, bar)
     bar.close()
     ar_rate = runs["ar"].new_tokens / runs["ar"].seconds
+    quality = _quality(spec, runs, suite, n) if verifications else None
     return {
+        "quality": quality,
         "suite": suite,
         "n": len(inputs),
         "max_new_tokens": max_new_tokens,
@@ -254,6 +273,19 @@ def run_bench(
             for m in methods
             if m.startswith("sage-gt")
         },
+    }
+
+
+def _quality(spec: SpeculativeVLM, runs: dict[str, MethodRun], suite: str, n: int) -> dict[str, dict[str, Any]]:
+    """Every method's `output_quality` over the suite's items, against `ar`'s outputs (the target's own)."""
+    items = suite_items(suite, n)
+    decode = spec.processor.tokenizer.batch_decode
+    references = decode(runs["ar"].outputs, skip_special_tokens=True)
+    return {
+        name: output_quality(
+            items, decode(run.outputs, skip_special_tokens=True), references, run.differing, run.new_tokens
+        )
+        for name, run in runs.items()
     }
 
 
@@ -298,6 +330,7 @@ def _time_items(
                 counter.handle.remove()
             new = ids.shape[1] - item["input_ids"].shape[1]
             run = runs[method]
+            run.outputs.append(ids[0, item["input_ids"].shape[1] :].cpu())
             run.seconds += seconds
             run.new_tokens += new
             if method == "ar":
@@ -318,6 +351,8 @@ def _record_acceptance(run: MethodRun, runner: _Runner, new: int, counter: Forwa
     elif runner.spec is not None:
         stats = runner.spec.last_stats
         run.taus.append(stats.mean_accept_length)
+        run.differing += stats.differing_tokens
+        run.verification = stats.verification
         run.prefill_tokens.append((stats.target_prefill_tokens, stats.draft_prefill_tokens))
         for phase, value in stats.phase_seconds.items():
             run.phase_seconds[phase] += value
@@ -327,7 +362,13 @@ def _record_acceptance(run: MethodRun, runner: _Runner, new: int, counter: Forwa
 class _Runner:
     """Uniform call for a method: (inputs, max_new_tokens) -> (ids, scores or None)."""
 
-    def __init__(self, spec: SpeculativeVLM, method: str, generation: dict[str, Any]):
+    def __init__(
+        self,
+        spec: SpeculativeVLM,
+        method: str,
+        verification: RelaxedVerification | None,
+        generation: dict[str, Any],
+    ):
         self.method = method
         self.generation = {"do_sample": False, **generation}
         self.target, self.draft = spec.target, spec.draft
@@ -339,7 +380,7 @@ class _Runner:
             )
         if method in _SPEC_METHODS:
             policy, pruning = _SPEC_METHODS[method]
-            self.spec = spec.with_options(policy, pruning)
+            self.spec = spec.with_options(policy, pruning, verification=verification or "exact")
 
     @torch.inference_mode()
     def __call__(self, inputs: dict[str, torch.Tensor], max_new_tokens: int):
@@ -367,10 +408,14 @@ def compiled_generate_config() -> CompileConfig:
 
 
 def exact_match_cell(results: dict[str, Any], method: str) -> str:
-    """A method's exact-match share as reported: "n/a" when sampling, "-" for `ar` itself."""
+    """A method's exact-match share as reported: "n/a" when sampling, "-" for `ar` itself, "relaxed" and the tokens
+    that differ from the target's choice for a method decoded under relaxed verification."""
     if results["sampling"]:
         return "n/a"
-    share = results["methods"][method]["exact_match"]
+    own = results["methods"][method]
+    if own.get("verification", "exact") != "exact":
+        return f"relaxed, {own['exact_match']:.2f} ({own['differing_tokens']} tokens differ)"
+    share = own["exact_match"]
     return "-" if share is None else f"{share:.2f}"
 
 
@@ -432,6 +477,8 @@ def markdown_report(results: dict[str, Any], command: str) -> str:
             lines.append(
                 f"| {name} | " + " | ".join(f"{100 * m['phase_seconds'][p] / total:.1f}%" for p in PHASES) + " |"
             )
+    if results.get("quality"):
+        lines += quality_lines(results["quality"])
     lines += cost_model_lines(results.get("cost_model_steps", {}))
     lags = ", ".join(f"{v:.2f}" for v in results["entropy_autocorrelation"])
     lines += ["", f"Autocorrelation of the target's top-10 entropy at lags 1-10: {lags}.", ""]

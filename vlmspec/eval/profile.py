@@ -264,7 +264,8 @@ def profile_policy(
     """Counts of `spec` with `policy` per decoding step and per emitted token: launches and reads where `spec` runs
     eager, compiled regions, operators outside them, reads and graphs compiled after warm-up (`trace_counts`) where it
     runs compiled."""
-    runner = spec.with_options(_ON_ACCELERATORS[policy]() if policy in _ON_ACCELERATORS else policy, pruning=None)
+    chosen = _ON_ACCELERATORS[policy]() if policy in _ON_ACCELERATORS else policy
+    runner = spec.with_options(chosen, pruning=None, verification=spec.verification)
     settings = config_settings(config, None if spec.processor is None else spec.processor.tokenizer)
     run = _policy_run(runner, inputs, settings, batch_size)
     name = _named(policy, batch_size)
@@ -325,7 +326,8 @@ def recompiles_over_prompts(
     time: rows finish and join, so the batch meets every smaller bucket) under `config`, after the policy's warm-up
     under it (`SpeculativeVLM.warm_up` on the longest prompt, at every bucket up to `batch_size`): every one is a
     recompile a user meets."""
-    runner = spec.with_options(_ON_ACCELERATORS[policy]() if policy in _ON_ACCELERATORS else policy, pruning=None)
+    chosen = _ON_ACCELERATORS[policy]() if policy in _ON_ACCELERATORS else policy
+    runner = spec.with_options(chosen, pruning=None, verification=spec.verification)
     settings = config_settings(config, None if spec.processor is None else spec.processor.tokenizer)
     longest = max(prompts, key=lambda p: p["input_ids"].shape[1])
     runner.warm_up(new_tokens, batch_size, generation=settings, **longest)

@@ -9,6 +9,7 @@ drops, so one grower serves rows of any mix of plans.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +40,38 @@ class NodeMeasure:
         """The measure itself: it never changes, so a batch's row policies share it (and a compiled level's guards
         see one object)."""
         return self
+
+
+@dataclass(frozen=True)
+class _BothMeasures:
+    """Two measures' values side by side (B, F, w1 + w2): `first`'s, then `second`'s."""
+
+    first: NodeMeasure
+    second: NodeMeasure
+
+    def __call__(self, log_probs: torch.Tensor, top_log_probs: torch.Tensor) -> torch.Tensor:
+        made = (self.first.measure(log_probs, top_log_probs), self.second.measure(log_probs, top_log_probs))
+        return torch.cat(made, dim=-1)
+
+
+@functools.cache
+def joined_measure(first: NodeMeasure | None, second: NodeMeasure | None) -> NodeMeasure | None:
+    """One measure taking both (either may be None): `first`'s values, then `second`'s (`split_measured` parts them).
+    Made once per pair, so a compiled level sees one object step after step."""
+    if first is None or second is None:
+        return first if second is None else second
+    return NodeMeasure(first.width + second.width, _BothMeasures(first, second))
+
+
+def split_measured(
+    values: torch.Tensor | None, first: NodeMeasure | None, second: NodeMeasure | None
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """`joined_measure(first, second)`'s values (B, N, w1 + w2) parted: `first`'s (B, N, w1) and `second`'s first
+    value (B, N) (views; None for a measure that is None)."""
+    if values is None:
+        return None, None
+    width = 0 if first is None else first.width
+    return (values[..., :width] if first is not None else None), (values[..., width] if second is not None else None)
 
 
 @dataclass

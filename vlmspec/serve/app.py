@@ -366,11 +366,14 @@ class _Answer:
         steps = [step for r in self.results.values() if r.stats is not None for step in r.stats.steps]
         accepted = sum(step.accepted for step in steps)
         plain = sum(step.plain is not None for step in steps)
+        labels = [r.stats.verification for r in self.results.values() if r.stats is not None]
         return {
             "steps": len(steps),
             "plain_steps": plain,
             "accepted_draft_tokens": accepted,
             "mean_accepted_length": accepted / (len(steps) - plain) if len(steps) > plain else 0.0,
+            "verification": next((label for label in labels if label != "exact"), "exact"),
+            "differing_tokens": sum(step.differing for step in steps),
         }
 
     def _failure(self) -> APIError | None:

@@ -20,6 +20,7 @@ from ..engine.rows import RowRequest, RowResult
 from ..engine.schedule import Arrivals
 from ..errors import RequestCancelled
 from ..speculative import SpeculativeVLM
+from .errors import APIError
 
 log = logging.getLogger("vlmspec.serve")
 
@@ -277,6 +278,15 @@ class PlainBackend(_Looping):
         self._closed = False
 
     def prepare(self, jobs: list[Job]) -> list[Job]:
+        """The jobs with their inputs on the target's device; a request for relaxed verification, which the target's
+        own `generate` has not, is refused."""
+        for job in jobs:
+            if job.options.pop("verification", "exact") != "exact":
+                raise APIError(
+                    400,
+                    "verification='relaxed' needs speculation, and this server runs with --speculation off",
+                    "verification",
+                )
         device = self.target.device
         inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in jobs[0].inputs.items()}
         for job in jobs:

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from PIL import Image
 
+from ..engine.relaxed import RelaxedVerification
 from ..processors import Video
 from ..processors.inputs import VisualInputs
 from .errors import APIError
@@ -37,13 +38,14 @@ _ROLES = ("system", "user", "assistant", "developer")
 @dataclass
 class ServeLimits:
     """What one request may ask for: images (video frames sent as images count too), videos, frames of each video,
-    choices (`n`), and new tokens when it names none."""
+    choices (`n`), new tokens when it names none, and whether it may ask for relaxed (lossy) verification."""
 
     max_images: int = 32
     max_videos: int = 4
     max_frames: int = 64
     max_n: int = 8
     default_max_tokens: int = 256
+    allow_lossy: bool = False
 
 
 @dataclass
@@ -129,7 +131,35 @@ def _generation_options(
     stop = _stop(body.get("stop"))
     if stop:
         options["stop_strings"] = stop
+    if body.get("verification") is not None:
+        options["verification"] = _verification(body["verification"], limits.allow_lossy)
     return options, stop
+
+
+def _verification(value: Any, allow_lossy: bool) -> str | RelaxedVerification:
+    """The request's `verification`: "exact", or "relaxed" / an object of `RelaxedVerification`'s fields (`tau_base`,
+    `gamma`, `top_beta`, `direction`), refused unless the server allows lossy output."""
+    if value == "exact":
+        return "exact"
+    if value != "relaxed" and not isinstance(value, dict):
+        raise APIError(400, "verification must be 'exact', 'relaxed' or an object of relaxed settings", "verification")
+    if not allow_lossy:
+        raise APIError(
+            400,
+            "verification='relaxed' makes the output differ from the target's own, and this server was not started "
+            "with --allow-lossy",
+            "verification",
+            "lossy_not_allowed",
+        )
+    if value == "relaxed":
+        return RelaxedVerification()
+    unknown = sorted(set(value) - {"tau_base", "gamma", "top_beta", "direction"})
+    if unknown:
+        raise APIError(400, f"verification: unknown settings {', '.join(unknown)}", "verification")
+    try:
+        return RelaxedVerification(**value)
+    except (TypeError, ValueError) as error:
+        raise APIError(400, f"verification: {error}", "verification") from None
 
 
 def _streaming(body: dict[str, Any]) -> tuple[bool, bool]:
