@@ -14,6 +14,7 @@ from vlmspec import InvalidArgumentError, SpeculativeVLM, VocabularyMismatchErro
 from vlmspec.testing.common import sample_image
 from vlmspec.training import TrainSettings, VSDConfig, train_draft
 from vlmspec.training.data import read_items
+from vlmspec.training.responses import prepared_items
 
 FAMILY = FAMILIES["qwen2_5_vl"]
 
@@ -124,3 +125,18 @@ def test_bad_data_is_refused_before_the_run_writes_anything(pair, tmp_path):
     with pytest.raises(InvalidArgumentError, match="line 1: media"):
         train_draft(_settings(pair, out, data=str(bad)))
     assert not out.exists()
+
+
+def test_a_sampled_target_writes_the_same_responses_in_every_run(pair, tmp_path, monkeypatch):
+    target, _, data = pair
+    model = FAMILY.target
+    monkeypatch.setattr(model.generation_config, "do_sample", True)
+    monkeypatch.setattr(model.generation_config, "top_k", 0)
+    items = read_items(data)
+    written = []
+    for run in ("first", "second"):
+        cache = tmp_path / run / "responses-0.jsonl"
+        written.append([p.response.tolist() for p in prepared_items(items, FAMILY.processor, model, cache, 12, seed=3)])
+    assert written[0] == written[1]
+    other = [p.response.tolist() for p in prepared_items(items, FAMILY.processor, model, tmp_path / "o.jsonl", 12, 4)]
+    assert other != written[0]

@@ -14,6 +14,7 @@ import torch
 from tqdm import tqdm
 from transformers import PreTrainedModel
 
+from ..captioning import keyed_seed
 from ..errors import VLMSpecError
 from .data import TrainItem, item_inputs
 
@@ -46,9 +47,11 @@ def prepared_items(
     target: PreTrainedModel,
     cache: Path,
     max_new_tokens: int,
+    seed: int = 0,
 ) -> Iterator[Prepared]:
     """Each readable item with its response: its own, the cached one, or one the target writes now (appended to
-    `cache` at once). An unreadable medium's error is recorded in `cache` and the item skipped."""
+    `cache` at once; where its config samples, drawn after seeding the RNG from `seed` and the item's key, so a rerun
+    writes the same responses). An unreadable medium's error is recorded in `cache` and the item skipped."""
     records = _records(cache)
     cache.parent.mkdir(parents=True, exist_ok=True)
     tokenizer = processor.tokenizer
@@ -68,6 +71,7 @@ def prepared_items(
             elif record is not None:
                 ids = record["response_ids"]
             else:
+                torch.manual_seed(keyed_seed(seed, item.key))
                 ids = _write_response(target, inputs, max_new_tokens)
                 out.write(json.dumps({"key": item.key, "response_ids": ids}) + "\n")
                 out.flush()

@@ -164,7 +164,8 @@ def train_draft(settings: TrainSettings, resume: bool = False) -> Path:
     training = items[: len(items) - len(held_out)]
     responses = out / f"responses-{accelerator.process_index}.jsonl"
     own = training[accelerator.process_index :: accelerator.num_processes]
-    prepared = list(prepared_items(own, run.processor, run.target, responses, settings.max_new_tokens))
+    made = (run.processor, run.target, responses, settings.max_new_tokens, settings.seed)
+    prepared = list(prepared_items(own, *made))
     if not prepared:
         raise InvalidArgumentError(f"--data {settings.data}: no item could be read (see {responses})")
     run.start(prepared)
