@@ -94,15 +94,9 @@ def generate(
     frames = dict(num_frames=num_frames, fps=fps, max_frames=max_frames, start=start, end=end)
     prompts = _checked_prompts(prompt, max_new_tokens, batch_size, frames)
     resolve_verification(verification)
-    spec = load_pair(
-        model,
-        draft,
-        torch_dtype=torch_dtype,
-        device_map=default_device_map() if device_map is None else device_map,
-        target_quantization=target_quantization,
-        draft_quantization=draft_quantization,
-        compile=compile,
-    )
+    placed = default_device_map() if device_map is None else device_map
+    quantization = dict(target_quantization=target_quantization, draft_quantization=draft_quantization)
+    spec = load_pair(model, draft, torch_dtype=torch_dtype, device_map=placed, compile=compile, **quantization)
     runner = spec.with_options(policy, pruning, prune_ratio, verification)
     inputs = _checked_inputs(runner, prompts, images, videos, frames, max_new_tokens)
     if isinstance(prompt, str):

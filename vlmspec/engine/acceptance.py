@@ -115,8 +115,7 @@ def accept_trees(
     any). One sequence is a batch of one. With `capture` (the target's runner), rows that share their rule and
     processing (`TargetScoring`) and have no stop strings are accepted in one compiled region where the pair runs
     compiled (`scored_step`), the policy's `statistics` taken in it, the random numbers drawn before it; eager, the
-    same function serves greedy rows without processing. `relaxed` holds the rows' relaxed rules (None: every row
-    exact; `accept_relaxed_rows`)."""
+    same function serves greedy rows without processing. `relaxed`: the rows' relaxed rules (None: all exact)."""
     # A tree of its root alone (a plain step) warps its rows whole, as `generate` does: nothing to compact or doubt.
     compact = compact and trees.size > 1
     scoring = None if strings is not None or capture is None else TargetScoring.shared(samplers, sequences, compact)
@@ -134,8 +133,8 @@ def accept_trees(
         stops = None if strings is None else strings.hits(tokens)
         step = (trees, verdict, tokens, eos_token_ids, rooms, drafted.greedy_depth, statistics, with_tree, stops)
         packed = pack_rows(*step)
-    reports = read_rows(packed, trees, tokens, with_tree, drafted.sizes, verdict.differs is not None)
-    accepted = Acceptance(verdict, tokens, reports)
+    differing = verdict.differs is not None
+    accepted = Acceptance(verdict, tokens, read_rows(packed, trees, tokens, with_tree, drafted.sizes, differing))
     for b, report in enumerate(accepted.reports):
         if report.doubt:
             again = accept_trees(

@@ -69,14 +69,9 @@ def run_batch_bench(
     eos = spec.target.generation_config.eos_token_id
     eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
     generation = dict(do_sample=False, max_new_tokens=max_new_tokens)
-    runners = {m: spec.with_options(*_SPEC_METHODS[m]) for m in methods}
-    runners |= {
-        relaxed_method(m, v): spec.with_options(*_SPEC_METHODS[m], verification=v)
-        for m in methods
-        for v in verifications
-    }
+    runners = _runners(spec, methods, verifications)
     bar = tqdm(
-        total=len(batch_sizes) * (1 + len(methods)) * repeats + 1, desc=f"batched bench {suite}", disable=not progress
+        total=len(batch_sizes) * (1 + len(runners)) * repeats + 1, desc=f"batched bench {suite}", disable=not progress
     )
     _warm_up(spec, runners, inputs, max(batch_sizes), generation)
     bar.update()
@@ -95,19 +90,19 @@ def run_batch_bench(
         spec.processor, suite, n, inputs, batch_sizes, max_new_tokens, vllm_python, model, references, eos_ids
     )
     device = spec.target.device
-    return {
-        "suite": suite,
-        "n": len(inputs),
-        "max_new_tokens": max_new_tokens,
-        "batch_sizes": batch_sizes,
-        "repeats": repeats,
-        "machine": machine_description(device),
-        "device": str(device),
-        "compiled": spec.compiled,
-        "table": table,
-        "quality": quality,
-        "peers": {"vllm": peer},
-    }
+    where = {"machine": machine_description(device), "device": str(device), "compiled": spec.compiled}
+    run = {"suite": suite, "n": len(inputs), "max_new_tokens": max_new_tokens, "batch_sizes": batch_sizes}
+    return {**run, "repeats": repeats, **where, "table": table, "quality": quality, "peers": {"vllm": peer}}
+
+
+def _runners(
+    spec: SpeculativeVLM, methods: list[str], verifications: Sequence[RelaxedVerification]
+) -> dict[str, SpeculativeVLM]:
+    """Each method's pair, exact, then under each relaxed rule of `verifications` (`relaxed_method` names them)."""
+    runners = {m: spec.with_options(*_SPEC_METHODS[m]) for m in methods}
+    for v in verifications:
+        runners |= {relaxed_method(m, v): spec.with_options(*_SPEC_METHODS[m], verification=v) for m in methods}
+    return runners
 
 
 def _quality(

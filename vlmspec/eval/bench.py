@@ -226,17 +226,9 @@ def run_bench(
     rules, lossy, greedy only) every vlmspec method also runs under each, in the same turns, and the results hold
     every method's quality (`quality.output_quality`) beside its speed.
     """
-    unknown = [m for m in methods if m not in METHODS]
-    if unknown:
-        raise ValueError(f"unknown methods {unknown}; choose from {', '.join(METHODS)}")
     generation = dict(generation or {})
     sampling = bool(generation.get("do_sample"))
-    if verifications:
-        check_quality_packages()
-        refuse_sampling(verifications[0], sampling)
-    methods = ["ar"] + [m for m in methods if m != "ar"]
-    variants = {m: (m, None) for m in methods}
-    variants |= {relaxed_method(m, v): (m, v) for m in methods if m in _SPEC_METHODS for v in verifications}
+    variants = _variants(methods, verifications, sampling)
     methods = list(variants)
     target = spec.target
     device = target.get_input_embeddings().weight.device
@@ -274,6 +266,24 @@ def run_bench(
             if m.startswith("sage-gt")
         },
     }
+
+
+def _variants(
+    methods: list[str], verifications: Sequence[RelaxedVerification], sampling: bool
+) -> dict[str, tuple[str, RelaxedVerification | None]]:
+    """Every row of the bench by name: `ar` first, then each method exact, then each vlmspec method under each relaxed
+    rule (`relaxed_method`), with its method and rule; unknown methods, and relaxed rules where the bench samples or
+    the quality packages are missing, refused."""
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise ValueError(f"unknown methods {unknown}; choose from {', '.join(METHODS)}")
+    if verifications:
+        check_quality_packages()
+        refuse_sampling(verifications[0], sampling)
+    methods = ["ar"] + [m for m in methods if m != "ar"]
+    variants: dict[str, tuple[str, RelaxedVerification | None]] = {m: (m, None) for m in methods}
+    variants |= {relaxed_method(m, v): (m, v) for m in methods if m in _SPEC_METHODS for v in verifications}
+    return variants
 
 
 def _quality(spec: SpeculativeVLM, runs: dict[str, MethodRun], suite: str, n: int) -> dict[str, dict[str, Any]]:
