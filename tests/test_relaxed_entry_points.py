@@ -7,19 +7,23 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from media_files import write_image
 from openai import BadRequestError, OpenAI
 from serving import RunningServer, image_part, sent, with_path
+from test_relaxed_verification import teacher_forced_differences
 
 from vlmspec import RelaxedVerification, SpeculativeVLM
 from vlmspec.api import load_pair
 from vlmspec.captioning import CaptionSettings, read_records, run_captioning
 from vlmspec.cli import build_parser, main, relaxed_grid
-from vlmspec.demo_models import demo_pair
+from vlmspec.demo_models import demo_head, demo_pair
 from vlmspec.eval.batch_bench import markdown_batch_report, run_batch_bench
 from vlmspec.eval.bench import markdown_report, run_bench
+from vlmspec.processors import load_image
 from vlmspec.serve.app import ServerOptions
 from vlmspec.serve.chat import ServeLimits
+from vlmspec.testing import chat_inputs
 
 pytestmark = pytest.mark.skipif(demo_pair() is None, reason="the bundled demo pair is not installed")
 pytest.importorskip("sacrebleu")
@@ -134,3 +138,14 @@ def test_a_relaxed_pair_keeps_the_models_it_was_made_from(spec):
     lossy = spec.with_options("sage", verification="relaxed")
     assert isinstance(lossy, SpeculativeVLM) and lossy.target is spec.target
     assert lossy.verification == RelaxedVerification()
+
+
+def test_a_draft_head_verifies_relaxed_too(photo):
+    pair = load_pair(demo_pair()[0], demo_head()).with_options("sage")
+    inputs = chat_inputs(pair.processor, "Describe the image.", images=[load_image(photo)])
+    exact = pair.target.generate(**inputs, max_new_tokens=32)
+    zero = RelaxedVerification(tau_base=0.0, gamma=0.0, top_beta=1)
+    assert torch.equal(pair.generate(**inputs, max_new_tokens=32, verification=zero), exact)
+    lossy = pair.generate(**inputs, max_new_tokens=32, verification=WIDE)
+    assert pair.last_stats.verification == WIDE.label
+    assert pair.last_stats.differing_tokens == teacher_forced_differences(pair.target, inputs, lossy)

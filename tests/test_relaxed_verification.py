@@ -9,12 +9,15 @@ import dataclasses
 
 import pytest
 import torch
+from conftest import device_map, on_device
 from one_tree import made_tree
 
 from vlmspec import InvalidArgumentError, RelaxedVerification, SpeculativeVLM
+from vlmspec.api import load_pair
 from vlmspec.engine.acceptance import pack_rows, read_rows
 from vlmspec.engine.relaxed import RelaxedRows, accept_relaxed_rows, margins, resolve_verification
 from vlmspec.engine.tree import Trees
+from vlmspec.testing import REPLICA_PAIRS, chat_inputs, sample_image
 
 ZERO = RelaxedVerification(tau_base=0.0, gamma=0.0, top_beta=1)
 WIDE = RelaxedVerification(tau_base=2.0, gamma=2.0, top_beta=5)
@@ -169,3 +172,12 @@ def test_relaxed_verification_of_a_sampled_config_is_refused_by_name(qwen):
     spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"], verification="relaxed")
     with pytest.raises(InvalidArgumentError, match="verification='relaxed'.*do_sample=True"):
         spec.generate(**qwen.cases["image"], max_new_tokens=8, do_sample=True)
+
+
+@pytest.mark.parametrize("name", list(REPLICA_PAIRS))
+def test_zero_margins_on_the_released_replicas_decode_their_greedy_generate(replica_pairs, name):
+    spec = load_pair(*replica_pairs[name], device_map=device_map())
+    inputs = on_device(chat_inputs(spec.processor, "Describe the image in detail.", images=[sample_image(5, (48, 64))]))
+    expected = spec.target.generate(**inputs, max_new_tokens=12, do_sample=False)
+    out = spec.with_options("sage", verification=ZERO).generate(**inputs, max_new_tokens=12, do_sample=False)
+    assert torch.equal(out, expected)
