@@ -181,3 +181,15 @@ def test_zero_margins_on_the_released_replicas_decode_their_greedy_generate(repl
     expected = spec.target.generate(**inputs, max_new_tokens=12, do_sample=False)
     out = spec.with_options("sage", verification=ZERO).generate(**inputs, max_new_tokens=12, do_sample=False)
     assert torch.equal(out, expected)
+
+
+def test_a_relaxed_pairs_warm_up_compiles_what_its_decoding_meets(qwen):
+    from torch._dynamo.utils import counters
+
+    spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"], "chain", pruning=None, compile="on", verification=WIDE)
+    spec.warm_up(16, **qwen.cases["long_prompt"])
+    before = counters["stats"]["unique_graphs"]
+    for case in ("image", "video"):
+        spec.generate(**qwen.cases[case], max_new_tokens=16)
+        assert spec.last_stats.verification == WIDE.label
+    assert counters["stats"]["unique_graphs"] == before

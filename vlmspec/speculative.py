@@ -489,10 +489,10 @@ class SpeculativeVLM:
     ) -> float:
         """Compile, now, every padded size either model's decoding forwards can meet over every row bucket of batches
         up to `batch_size` rows, and the step's own compiled regions: decoding `inputs` (the processor's output for a
-        prompt like those to come) `max_new_tokens` tokens at each bucket, under this pair's policy, the target's
-        generation config and `generation` (the keyword arguments the calls to come pass `generate`). Returns the
-        seconds it took (0 when nothing runs compiled). Compiled regions otherwise compile on first use. The random
-        state is left as it was: a sampled warm-up draws from a fork of it."""
+        prompt like those to come) `max_new_tokens` tokens at each bucket, under this pair's policy and verification,
+        the target's generation config and `generation` (the keyword arguments the calls to come pass `generate`).
+        Returns the seconds it took (0 when nothing runs compiled). Compiled regions otherwise compile on first use.
+        The random state is left as it was: a sampled warm-up draws from a fork of it."""
         if not self.compiled:
             return 0.0
         started = time.perf_counter()
@@ -501,9 +501,12 @@ class SpeculativeVLM:
         keys = self._target_runner.adapter.input_keys
         row = _to_device({k: inputs[k] for k in keys if inputs.get(k) is not None}, self._target_runner.device)
         others = {k: v for k, v in row.items() if k != "input_ids"}
-        settings = resolve_generation(
-            self.target, None, {**(generation or {}), "max_new_tokens": max_new_tokens}, row["input_ids"], others
+        generation = dict(generation or {})
+        verification = self._verification(generation)
+        made = resolve_generation(
+            self.target, None, {**generation, "max_new_tokens": max_new_tokens}, row["input_ids"], others
         )
+        settings = with_verification(made, verification)
         request = RowRequest(0, row, _to_device(row, self._draft_runner.device), row["input_ids"], settings)
         devices = {d for d in (self._target_runner.device, self._draft_runner.device) if d.type == "cuda"}
         with torch.random.fork_rng(devices=sorted(devices, key=str)):
