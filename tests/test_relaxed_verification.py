@@ -11,6 +11,7 @@ import pytest
 import torch
 from conftest import device_map, on_device
 from one_tree import made_tree
+from transformers import StoppingCriteria, StoppingCriteriaList
 
 from vlmspec import InvalidArgumentError, RelaxedVerification, SpeculativeVLM
 from vlmspec.api import load_pair
@@ -108,7 +109,8 @@ def test_the_differing_count_read_with_the_step_stops_at_the_first_eos():
 
 
 def test_settings_outside_their_ranges_are_refused_by_name():
-    for bad, name in [({"tau_base": -0.1}, "tau_base"), ({"gamma": -1.0}, "gamma"), ({"top_beta": 0}, "top_beta")]:
+    bad_settings = [({"tau_base": -0.1}, "tau_base"), ({"gamma": -1.0}, "gamma"), ({"top_beta": 0}, "top_beta")]
+    for bad, name in [*bad_settings, ({"top_beta": 10**30}, "top_beta"), ({"top_beta": 65}, "top_beta")]:
         with pytest.raises(ValueError, match=name):
             RelaxedVerification(**bad)
     with pytest.raises(ValueError, match="direction"):
@@ -193,3 +195,23 @@ def test_a_relaxed_pairs_warm_up_compiles_what_its_decoding_meets(qwen):
         spec.generate(**qwen.cases[case], max_new_tokens=16)
         assert spec.last_stats.verification == WIDE.label
     assert counters["stats"]["unique_graphs"] == before
+
+
+class StopAfter(StoppingCriteria):
+    """A Python criterion: stop once `length` tokens are in the sequence (judged on the host, after the step)."""
+
+    def __init__(self, length: int):
+        self.length = length
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
+        return torch.full((input_ids.shape[0],), input_ids.shape[1] >= self.length, dtype=torch.bool)
+
+
+def test_a_python_criterion_that_cuts_a_step_counts_only_the_tokens_kept(qwen):
+    spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"], policy="chain", verification=WIDE)
+    inputs = qwen.cases["image"]
+    for kept in (5, 9, 14):
+        criteria = StoppingCriteriaList([StopAfter(inputs["input_ids"].shape[1] + kept)])
+        out = spec.generate(**inputs, max_new_tokens=32, stopping_criteria=criteria)
+        assert out.shape[1] == inputs["input_ids"].shape[1] + kept
+        assert spec.last_stats.differing_tokens == teacher_forced_differences(qwen.target, inputs, out)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from .engine.relaxed import DIRECTIONS, VERIFICATION_NAMES
+from .engine.relaxed import DIRECTIONS, MAX_TOP_BETA, VERIFICATION_NAMES
 from .eval.calibrate_command import add_calibrate_parser
 from .training.command import add_train_draft_parser
 
@@ -485,7 +485,9 @@ def _add_verification_options(parser: argparse.ArgumentParser, grid: bool = Fals
     group.add_argument(
         "--gamma", type=many(_number(float, 0)), help="relaxed: how much the margin moves with confidence (1)"
     )
-    group.add_argument("--top-beta", type=many(_number(int, 1)), metavar="K", help="relaxed: the target's top-K (3)")
+    group.add_argument(
+        "--top-beta", type=many(_number(int, 1, high=MAX_TOP_BETA)), metavar="K", help="relaxed: the target's top-K (3)"
+    )
     group.add_argument(
         "--direction",
         type=many(_choice(DIRECTIONS)),

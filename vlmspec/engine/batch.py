@@ -510,7 +510,7 @@ class BatchDecoder:
             stop = rows[b].sink.settle(own, read[:count])
             read = read[count:]
             if stop is not None:
-                accepted.reports[b] = replace(accepted.reports[b], count=stop, finished=True)
+                accepted.reports[b] = _cut(accepted.reports[b], stop, accepted.verdict.differs, b)
 
     def _commit(
         self,
@@ -536,6 +536,16 @@ class BatchDecoder:
             return plan.pending, plan.pending_counts, None
         index = plan.target[..., None].expand(-1, -1, features.shape[-1])
         return plan.pending, plan.pending_counts, features.gather(1, index).to(draft.device)
+
+
+def _cut(report: StepReport, stop: int, differs: torch.Tensor | None, b: int) -> StepReport:
+    """Row `b`'s `report` cut to its first `stop` tokens by a host-side criterion: finished, and counting only the
+    tokens it still emits that differ from the target's choice (relaxed verification's `differs` (B, depth + 1), read
+    here: only on this host-side path, and only where a row's count was cut and some token differed)."""
+    differing = report.differing
+    if differing and stop < report.count and differs is not None:
+        differing = int(differs[b, :stop].sum())
+    return replace(report, count=stop, finished=True, differing=differing)
 
 
 def _verification_measure(rows: list[Row]) -> NodeMeasure | None:

@@ -38,6 +38,9 @@ from .accept import Verdict, deepest_rows
 from .tree import Trees
 
 DIRECTIONS = ("formula", "prose")
+#: The largest `top_beta`: the rule takes the target's top-beta scores at every node, so a beta near the vocabulary
+#: would sort it at every node of every step.
+MAX_TOP_BETA = 64
 VERIFICATION_NAMES = ("exact", "relaxed")
 
 
@@ -49,7 +52,7 @@ class RelaxedVerification:
     (`direction="prose"`, as its prose reads), C_t the draft's mixed confidence where it proposed the token.
 
     Outputs then differ from the target's own; `SpecStats.differing_tokens` counts the emitted tokens that do.
-    `tau_base` and `gamma` are in nats (natural log-probability), non-negative; `top_beta` at least 1. With
+    `tau_base` and `gamma` are in nats (natural log-probability), non-negative; `top_beta` from 1 to 64. With
     `tau_base=0`, `gamma=0` and `top_beta=1` only the target's own choices are accepted (ties aside).
     """
 
@@ -63,8 +66,9 @@ class RelaxedVerification:
             raise ValueError(f"tau_base must be a finite number >= 0, got {self.tau_base!r}")
         if not (math.isfinite(self.gamma) and self.gamma >= 0):
             raise ValueError(f"gamma must be a finite number >= 0, got {self.gamma!r}")
-        if isinstance(self.top_beta, bool) or not isinstance(self.top_beta, int) or self.top_beta < 1:
-            raise ValueError(f"top_beta must be an integer >= 1, got {self.top_beta!r}")
+        whole = isinstance(self.top_beta, int) and not isinstance(self.top_beta, bool)
+        if not whole or not 1 <= self.top_beta <= MAX_TOP_BETA:
+            raise ValueError(f"top_beta must be an integer from 1 to {MAX_TOP_BETA}, got {self.top_beta!r}")
         if self.direction not in DIRECTIONS:
             raise ValueError(f"direction must be one of {', '.join(DIRECTIONS)}, got {self.direction!r}")
 

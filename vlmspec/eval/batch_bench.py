@@ -80,11 +80,11 @@ def run_batch_bench(
     quality: dict[int, dict[str, dict[str, Any]]] = {}
     for size in batch_sizes:
         made = (spec, runners, inputs, size, repeats, generation, eos_ids, references, bar)
-        runs, outputs = _time_batch_size(*made)
+        runs, firsts = _time_batch_size(*made)
         for name, cells in runs.items():
             table[name][size] = _median_cell(cells)
         if verifications:
-            quality[size] = _quality(spec, suite, n, outputs, table, size)
+            quality[size] = _quality(spec, suite, n, firsts)
     bar.close()
     peer = _vllm_peer(
         spec.processor, suite, n, inputs, batch_sizes, max_new_tokens, vllm_python, model, references, eos_ids
@@ -106,20 +106,15 @@ def _runners(
 
 
 def _quality(
-    spec: SpeculativeVLM,
-    suite: str,
-    n: int,
-    outputs: dict[str, list[torch.Tensor]],
-    table: dict[str, dict[int, dict[str, Any]]],
-    size: int,
+    spec: SpeculativeVLM, suite: str, n: int, firsts: dict[str, tuple[list[torch.Tensor], dict[str, Any]]]
 ) -> dict[str, dict[str, Any]]:
-    """Every row's `output_quality` at batch size `size` (its first run's `outputs`), against plain `generate`'s."""
+    """Every row's `output_quality` at one batch size from its first run (`firsts`: its rows and cell), against plain
+    `generate`'s."""
     items = suite_items(suite, n)
     decode = spec.processor.tokenizer.batch_decode
-    references = decode(outputs["generate"], skip_special_tokens=True)
+    references = decode(firsts["generate"][0], skip_special_tokens=True)
     made = {}
-    for name, rows in outputs.items():
-        cell = table[name][size]
+    for name, (rows, cell) in firsts.items():
         texts = decode(rows, skip_special_tokens=True)
         made[name] = output_quality(items, texts, references, cell.get("differing_tokens", 0), cell["new_tokens"])
     return made
@@ -179,10 +174,10 @@ def _time_batch_size(
 ) -> tuple[dict[str, list[dict[str, float]]], dict[str, list[torch.Tensor]]]:
     """Every timed run at batch size `size`, by method: `repeats` turns of plain `generate` then each method, every
     run's rows checked against `references` (filled by the bench's first run of plain `generate`); and each one's
-    rows of its first run."""
+    first run, its rows and its cell."""
     device = spec.target.device
     runs: dict[str, list[dict[str, float]]] = {"generate": [], **{m: [] for m in runners}}
-    firsts: dict[str, list[torch.Tensor]] = {}
+    firsts: dict[str, tuple[list[torch.Tensor], dict[str, Any]]] = {}
     if spec.compiled:
         for runner in runners.values():
             list(runner.stream(_on_device(inputs, device), batch_size=size, **generation))
@@ -192,7 +187,7 @@ def _time_batch_size(
         if not references:
             references.extend(rows)
         runs["generate"].append(_cell(rows, references, seconds))
-        firsts.setdefault("generate", rows)
+        firsts.setdefault("generate", (rows, runs["generate"][-1]))
         bar.update()
         # Each turn starts the methods from the next one, so no method always runs right after plain `generate`.
         shift = turn % max(len(runners), 1)
@@ -204,7 +199,7 @@ def _time_batch_size(
             seconds = time.perf_counter() - start
             rows = [r.sequence[0, inputs[r.key]["input_ids"].shape[1] :] for r in results]
             runs[method].append(_cell(rows, references, seconds, [r.stats for r in results]))
-            firsts.setdefault(method, rows)
+            firsts.setdefault(method, (rows, runs[method][-1]))
             bar.update()
     return runs, firsts
 
