@@ -55,6 +55,13 @@ def test_a_head_drafts_on_the_kept_visual_positions_or_all_of_them(family, heads
         assert spec.last_stats.draft_prefill_tokens < entries
 
 
+def test_a_heads_default_feeds_every_position_as_a_released_head_was_trained(qwen, heads):
+    spec = SpeculativeVLM(qwen.target, heads[qwen.name], "sage")
+    out = spec.generate(**qwen.cases["video"], do_sample=False, max_new_tokens=24)
+    assert torch.equal(out, qwen.reference("video", 24)) and spec.pruning is None
+    assert spec.last_stats.draft_prefill_tokens == qwen.cases["video"]["input_ids"].shape[1] - 1
+
+
 @pytest.mark.parametrize("policy", ["auto", "sage"])
 def test_every_row_of_a_padded_batch_equals_its_own_generate(family, heads, policy):
     cases = ("text", "image", "video", "long_prompt")

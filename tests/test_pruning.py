@@ -161,3 +161,8 @@ def test_text_only_prompts_are_not_pruned(qwen):
     spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"], pruning="verifier")
     spec.generate(**qwen.cases["text"], max_new_tokens=4)
     assert spec.last_stats.draft_prefill_tokens == spec.last_stats.target_prefill_tokens
+
+
+def test_a_vlm_drafts_default_is_verifier_guided_pruning(qwen):
+    spec = SpeculativeVLM(qwen.target, qwen.drafts["noisy"])
+    assert spec.pruning is not None and spec.pruning.method == "verifier"

@@ -55,7 +55,7 @@ def generate(
     max_new_tokens: int = 128,
     return_stats: bool = False,
     policy: Any = "auto",
-    pruning: Any = "verifier",
+    pruning: Any = "auto",
     prune_ratio: float | None = None,
     num_frames: int | None = None,
     fps: float | None = None,

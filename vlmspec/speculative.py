@@ -99,8 +99,9 @@ class SpeculativeVLM:
     `"sage"`, `"sage-gt"`, `"heterospec"` (SAGE's trees extended and cut by the pair's calibrated path-entropy bins,
     `vlmspec calibrate`), `"confidence"` (chains as long as the draft's mixed confidence says), `"chain"`,
     `"static-tree"`, one of their configs or a `TreePolicy`. `pruning`
-    (`"verifier"` by default, `"uniform"`, `"random"`, a `PruningConfig` or None) cuts the visual tokens the draft
-    sees; `prune_ratio` is the share dropped (default 0.9 with video, 0.8 for images). A left-padded batch (as the
+    (`"auto"` by default: `"verifier"` for a VLM draft, None for a draft head; `"verifier"`, `"uniform"`, `"random"`,
+    a `PruningConfig` or None) cuts the visual tokens the draft sees; `prune_ratio` is the share dropped (default 0.9
+    with video, 0.8 for images). A left-padded batch (as the
     target's processor makes for a list of prompts) decodes all its rows together, each exactly as `generate` would
     decode it; `stream` keeps a batch full over many prompts (continuous batching).
 
@@ -125,7 +126,7 @@ class SpeculativeVLM:
         draft: PreTrainedModel | Eagle3Head,
         policy: PolicyChoice = "auto",
         *,
-        pruning: str | PruningConfig | None = "verifier",
+        pruning: str | PruningConfig | None = "auto",
         prune_ratio: float | None = None,
         vocab_size: int | None = None,
         processor: Any = None,
@@ -150,7 +151,7 @@ class SpeculativeVLM:
         vocab_limit = check_vocabularies(target, draft, vocab_size)
         self.policy = resolve_policy(policy)
         self.policy.bind(target, draft)
-        self.pruning = resolve_pruning(pruning, prune_ratio)
+        self.pruning = resolve_pruning(pruning, prune_ratio, isinstance(draft, Eagle3Head))
         self._batch = BatchDecoder(
             Prefiller(
                 self._target_runner,
@@ -176,7 +177,7 @@ class SpeculativeVLM:
     def with_options(
         self,
         policy: PolicyChoice = "auto",
-        pruning: str | PruningConfig | None = "verifier",
+        pruning: str | PruningConfig | None = "auto",
         prune_ratio: float | None = None,
         verification: VerificationChoice = "exact",
     ) -> SpeculativeVLM:
@@ -201,7 +202,7 @@ class SpeculativeVLM:
         draft: str,
         *,
         policy: PolicyChoice = "auto",
-        pruning: str | PruningConfig | None = "verifier",
+        pruning: str | PruningConfig | None = "auto",
         prune_ratio: float | None = None,
         torch_dtype: torch.dtype | str | None = None,
         device_map: Any = None,

@@ -61,7 +61,7 @@ METHODS = (
     "sage-gt-full",
 )
 _SPEC_METHODS = {
-    "auto": ("auto", "verifier"),
+    "auto": ("auto", "auto"),
     "chain": ("chain", None),
     "static-tree": ("static-tree", None),
     "specvlm": ("static-tree", "verifier"),

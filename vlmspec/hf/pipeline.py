@@ -152,7 +152,7 @@ def pipeline(
     *,
     processor: Any = None,
     policy: Any = "auto",
-    pruning: Any = "verifier",
+    pruning: Any = "auto",
     prune_ratio: float | None = None,
     torch_dtype: Any = None,
     device_map: Any = None,

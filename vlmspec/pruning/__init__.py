@@ -55,8 +55,16 @@ class PruningConfig:
         return keep
 
 
-def resolve_pruning(pruning: str | PruningConfig | None, prune_ratio: float | None) -> PruningConfig | None:
-    """A config from a method name (with an optional ratio), a config, or None (the draft sees every token)."""
+def resolve_pruning(
+    pruning: str | PruningConfig | None, prune_ratio: float | None, head: bool = False
+) -> PruningConfig | None:
+    """A config from a method name (with an optional ratio), a config, or None (the draft sees every token).
+
+    `"auto"` (the default everywhere) is `"verifier"` for a VLM draft and None for a draft head (`head`): pruning
+    saves a VLM draft the visual tokens' prefill through its whole model, while a head's prompt pass is one layer, and
+    the target's features of every visual token are what it reads (docs/heads.md measures the difference)."""
+    if pruning == "auto":
+        pruning = None if head else "verifier"
     if pruning is None:
         return None
     if isinstance(pruning, PruningConfig):

@@ -35,7 +35,13 @@ def add_train_draft_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--checkpoint-every", type=int, default=50)
     parser.add_argument("--eval-every", type=int, default=None, help="held-out tau every N steps (and at the end)")
     parser.add_argument("--eval-items", type=int, default=4, help="the data's last N items, held out")
-    parser.add_argument("--pruning", choices=["verifier", "off"], default="verifier")
+    parser.add_argument(
+        "--pruning",
+        choices=["auto", "verifier", "off"],
+        default="auto",
+        help="the visual tokens the draft sees, as at decoding (auto: verifier-guided pruning for a VLM draft, every "
+        "token for a head)",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=64, help="the length of responses the target writes")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--vsd-samples", type=int, default=8, help="VSD: draft paths per anchor (S)")

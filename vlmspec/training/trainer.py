@@ -57,7 +57,7 @@ class TrainSettings:
     checkpoint_every: int = 50
     eval_every: int | None = None
     eval_items: int = 4
-    pruning: str | None = "verifier"
+    pruning: str | None = "auto"
     max_new_tokens: int = 64
     seed: int = 0
     vsd: VSDConfig = field(default_factory=VSDConfig)
@@ -91,7 +91,7 @@ class Run:
         self.target.requires_grad_(False)
         self.target_adapter = adapter_for(self.target)
         self.processor = load_processor(settings.target)
-        self.pruning = resolve_pruning(settings.pruning, None)
+        self.pruning = resolve_pruning(settings.pruning, None, settings.kind == "head")
         # A VLM draft is loaded and checked against the target before any response is written; a head waits for
         # the responses (a new one's vocabulary is theirs).
         self.drafter: ModelDrafter | HeadDrafter | None = None
@@ -337,7 +337,7 @@ def settings_from(args: Any) -> TrainSettings:
         checkpoint_every=args.checkpoint_every,
         eval_every=args.eval_every,
         eval_items=args.eval_items,
-        pruning=None if args.pruning == "off" else "verifier",
+        pruning=None if args.pruning == "off" else args.pruning,
         max_new_tokens=args.max_new_tokens,
         seed=args.seed,
         vsd=VSDConfig(
