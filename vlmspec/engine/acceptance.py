@@ -122,7 +122,7 @@ def accept_trees(
     if scoring is not None and not capture.captures and (scoring.sample or scoring.processing is not None):
         scoring = None  # eager, the rules' own path is leaner (a plain step packs one token from a template)
     if scoring is not None:
-        scoring.relaxed = relaxed
+        scoring = replace(scoring, relaxed=relaxed)
         made = (drafted, trees, logits, samplers, eos_token_ids, rooms, statistics, with_tree)
         trees, verdict, tokens, packed = _accept_scored(capture, scoring, *made)
     else:

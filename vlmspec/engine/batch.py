@@ -333,9 +333,8 @@ class BatchDecoder:
         sequences, draft_sequences, kept = self._row_sequences(state, processings, samplers, target.device)
         draft_starts, target_starts = list(draft.lengths), list(target.lengths)
         with timer("drafting"):
-            confidence = _verification_measure(rows)
-            inputs = self._growth_inputs(draft, pending, depths, processings, draft_sequences, state.features)
-            inputs.confidence = confidence
+            measure = _verification_measure(rows)
+            inputs = self._growth_inputs(draft, pending, depths, processings, draft_sequences, state.features, measure)
             if shared:
                 shape = rank_tree_shape(plans[0].paths, draft.device)
                 drafted = draft_rows(inputs, shape, plans[0].top_k, plans[0].node_measure)
@@ -363,12 +362,14 @@ class BatchDecoder:
         processings: list[NodeProcessing | None],
         sequences: RowSequences,
         features: torch.Tensor | None,
+        confidence: NodeMeasure | None = None,
     ) -> GrowthInputs:
         """What the growth of the rows' trees reads: their `pending` tokens ((B, P) and counts), each row growing at
         most `depths[b]` levels under its draft `processings` over its tokens so far (`sequences`), a head beside the
-        target's `features` of the tokens before them."""
+        target's `features` of the tokens before them, and what their verification measures of each node (`confidence`,
+        `GrowthInputs`)."""
         limits = (self.vocab_limit, self.draft_input_limit)
-        return GrowthInputs(draft, *pending, depths, *limits, processings, sequences, features)
+        return GrowthInputs(draft, *pending, depths, *limits, processings, sequences, features, confidence)
 
     def _accept(self, state: RowsInFlight, proposal: Proposal, logits: torch.Tensor) -> Acceptance:
         """Every row's accepted path of its proposal, its tokens and its report, on the device (`accept_trees`), under
