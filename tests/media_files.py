@@ -8,11 +8,21 @@ import av
 import numpy as np
 from PIL import Image
 
+from vlmspec.testing.common import sample_image
+
 
 def write_image(path: Path, size: tuple[int, int] = (60, 80), seed: int = 0) -> Path:
     rng = np.random.default_rng(seed)
     Image.fromarray(rng.integers(0, 256, (*size, 3), dtype=np.uint8)).save(path)
     return path
+
+
+def write_sample_images(folder: Path, count: int = 4) -> Path:
+    """`folder`, made, holding `count` of the fixtures' sample images (`image0.png`, ...): a training data folder."""
+    folder.mkdir()
+    for i in range(count):
+        sample_image(i).save(folder / f"image{i}.png")
+    return folder
 
 
 def write_video(path: Path, num_frames: int = 30, fps: int = 10, size: tuple[int, int] = (48, 64)) -> Path:

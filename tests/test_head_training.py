@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 from conftest import FAMILIES, save_pair
+from media_files import write_sample_images
 from transformers import DynamicCache
 
 from vlmspec import InvalidArgumentError, SpeculativeVLM
@@ -17,7 +18,6 @@ from vlmspec.engine.features import FeatureTap
 from vlmspec.heads.fit import check_head
 from vlmspec.heads.new import new_head
 from vlmspec.processors import append_tokens
-from vlmspec.testing.common import sample_image
 from vlmspec.testing.heads import random_head
 from vlmspec.training import TrainSettings, VSDConfig, train_draft
 from vlmspec.training.drafters import frequent_ids
@@ -91,11 +91,7 @@ def test_a_new_heads_vocabulary_is_the_most_frequent_response_tokens_sorted():
 @pytest.fixture
 def pair(tmp_path):
     target, _ = save_pair(FAMILY, tmp_path, "noisy")
-    data = tmp_path / "data"
-    data.mkdir()
-    for i in range(4):
-        sample_image(i).save(data / f"image{i}.png")
-    return target, data
+    return target, write_sample_images(tmp_path / "data")
 
 
 def _settings(pair, out, **changes) -> TrainSettings:

@@ -9,9 +9,9 @@ import json
 import pytest
 import torch
 from conftest import FAMILIES, save_pair
+from media_files import write_sample_images
 
 from vlmspec import InvalidArgumentError, SpeculativeVLM, VocabularyMismatchError
-from vlmspec.testing.common import sample_image
 from vlmspec.training import TrainSettings, VSDConfig, train_draft
 from vlmspec.training.data import read_items
 from vlmspec.training.responses import prepared_items
@@ -22,11 +22,7 @@ FAMILY = FAMILIES["qwen2_5_vl"]
 @pytest.fixture
 def pair(tmp_path):
     target, draft = save_pair(FAMILY, tmp_path, "noisy")
-    data = tmp_path / "data"
-    data.mkdir()
-    for i in range(4):
-        sample_image(i).save(data / f"image{i}.png")
-    return target, draft, data
+    return target, draft, write_sample_images(tmp_path / "data")
 
 
 def _settings(pair, out, **changes) -> TrainSettings:
